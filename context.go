@@ -1,0 +1,72 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+)
+
+type ctxKey struct{}
+
+// session is what the middleware puts in the message context for the
+// duration of one handler call.
+type session struct {
+	tx       *sql.Tx
+	consumer string
+	eventID  string
+
+	mu    sync.Mutex
+	hooks []func(context.Context) error
+}
+
+func withSession(ctx context.Context, s *session) context.Context {
+	return context.WithValue(ctx, ctxKey{}, s)
+}
+
+func sessionFrom(ctx context.Context) *session {
+	s, _ := ctx.Value(ctxKey{}).(*session)
+	return s
+}
+
+// TxFromContext returns the transaction that holds the message's inbox claim.
+// Write the handler's effects through it: they commit together with the claim
+// or not at all. Call it with msg.Context() inside a handler behind the inbox
+// middleware; ok is false anywhere else. Do not commit or roll back the
+// transaction yourself, return an error from the handler instead.
+func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
+	s := sessionFrom(ctx)
+	if s == nil {
+		return nil, false
+	}
+	return s.tx, true
+}
+
+// EventIDFromContext returns the event id and consumer of the message being
+// handled, as the inbox recorded them.
+func EventIDFromContext(ctx context.Context) (eventID, consumer string, ok bool) {
+	s := sessionFrom(ctx)
+	if s == nil {
+		return "", "", false
+	}
+	return s.eventID, s.consumer, true
+}
+
+// AfterCommit registers fn to run after the inbox transaction commits, for an
+// effect that cannot join the transaction (an email, an HTTP call). fn never
+// runs when the handler fails, panics or the commit fails, nor for a
+// duplicate. It is at most once: if the process dies between the commit and
+// fn, the effect never happens, so record in the transaction what fn is about
+// to do and let a sweeper compensate for effects that are missing (see the
+// README). An error from fn is logged; the message is still acked because its
+// transaction is committed. Hooks run in registration order, with the
+// message's context (cancellation removed).
+func AfterCommit(ctx context.Context, fn func(ctx context.Context) error) error {
+	s := sessionFrom(ctx)
+	if s == nil {
+		return ErrNotInInbox
+	}
+	s.mu.Lock()
+	s.hooks = append(s.hooks, fn)
+	s.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,37 @@
+// Package inbox is the transactional inbox for Watermill routers: it turns
+// at-least-once delivery into effectively-once processing. A message that
+// arrives ten times has the effect of arriving once.
+//
+// For each message, in one SQL transaction, the middleware inserts the pair
+// (consumer, event id) into the inbox table first, with a conflict clause
+// that cannot fail, and looks at the affected rows:
+//
+//   - a new row: the handler runs with the transaction in its context
+//     (TxFromContext) and writes its effects through it; success commits the
+//     effects and the inbox row together, an error or a panic rolls both back
+//     so the redelivery is processed again;
+//   - no row: the event was already committed by this consumer; the handler
+//     is not called and the message is acked.
+//
+// The database's unique key decides, so two workers racing on one event get
+// exactly one winner, and a commit whose outcome is unknown is still safe: the
+// redelivery finds the row if the commit happened.
+//
+// Setup, on PostgreSQL (MySQL/MariaDB and SQLite work the same way):
+//
+//	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL})
+//	if err != nil { ... }
+//	if err := store.CreateSchema(ctx); err != nil { ... }
+//	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
+//	if err != nil { ... }
+//	router.AddMiddleware(middleware.Recoverer, mw)
+//
+// and in a handler:
+//
+//	tx, _ := inbox.TxFromContext(msg.Context())
+//	_, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices ...`)
+//
+// Effects outside the database cannot join the transaction: write follow-up
+// events to an outbox in the same transaction (Config.ProducedPublisher), or
+// accept at-most-once with AfterCommit.
+package inbox

@@ -1,0 +1,250 @@
+// Package conformance is the behaviour every dialect and driver must show
+// behind the inbox middleware: one suite, run by sqlinbox's tests against
+// each real database. Differences between databases are Target fields, not
+// branches scattered through the tests.
+package conformance
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// Target is one database reached through one driver.
+type Target struct {
+	Name    string
+	Dialect sqlinbox.Dialect
+	// Open returns a connection pool to an empty-enough database; tables are
+	// created with unique names.
+	Open func(t testing.TB) *sql.DB
+	// Placeholder renders the n-th (1-based) bind parameter.
+	Placeholder func(n int) string
+
+	// FailedStatementAbortsTx: after a failed statement the transaction can
+	// only roll back (PostgreSQL), so a handler that swallows a SQL error
+	// must still see its message nacked.
+	FailedStatementAbortsTx bool
+	// ClaimTimeout: the database can bound the wait of a claim behind an
+	// in-flight copy of the same event (sqlinbox.Config.ClaimTimeout).
+	ClaimTimeout bool
+	// ClaimTimeoutUnit is the smallest timeout the database honours
+	// (MySQL's innodb_lock_wait_timeout counts whole seconds).
+	ClaimTimeoutUnit time.Duration
+}
+
+// Dollar renders PostgreSQL placeholders.
+func Dollar(n int) string { return fmt.Sprintf("$%d", n) }
+
+// Question renders MySQL and SQLite placeholders.
+func Question(int) string { return "?" }
+
+// Run runs the whole suite against target.
+func Run(t *testing.T, target Target) {
+	for _, tc := range []struct {
+		name string
+		fn   func(t *testing.T, target Target)
+	}{
+		{"EachEventHasOneEffect", testEachEventHasOneEffect},
+		{"EventIDMetadataBeatsEnvelopeUUID", testEventIDMetadataBeatsEnvelopeUUID},
+		{"RacingRoutersOneWinner", testRacingRoutersOneWinner},
+		{"ConcurrentClaimsOneWinner", testConcurrentClaimsOneWinner},
+		{"HandlerErrorRollsBack", testHandlerErrorRollsBack},
+		{"HandlerPanicRollsBack", testHandlerPanicRollsBack},
+		{"PanicUnderRecovererIsRedelivered", testPanicUnderRecovererIsRedelivered},
+		{"ConsumersAreIndependent", testConsumersAreIndependent},
+		{"BadEventIDs", testBadEventIDs},
+		{"NoConsumer", testNoConsumer},
+		{"ClosedDatabase", testClosedDatabase},
+		{"CancelledContextMidHandler", testCancelledContextMidHandler},
+		{"SwallowedStatementError", testSwallowedStatementError},
+		{"InFlightDuplicateWaits", testInFlightDuplicateWaits},
+		{"InFlightRollbackLetsDuplicateThrough", testInFlightRollbackLetsDuplicateThrough},
+		{"ClaimTimeout", testClaimTimeout},
+		{"AfterCommitHooks", testAfterCommitHooks},
+		{"ContextRestored", testContextRestored},
+		{"UUIDEventIDs", testUUIDEventIDs},
+		{"SchemaIdempotent", testSchemaIdempotent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, target)
+		})
+	}
+}
+
+// bundle is one test's fixtures: an inbox store on a fresh table and a
+// business table the handler writes its effect to.
+type bundle struct {
+	target  Target
+	db      *sql.DB
+	store   *sqlinbox.Store
+	effects string
+
+	mu       sync.Mutex
+	attempts map[string]int // handler calls per event id
+}
+
+func setup(t *testing.T, target Target, mutate ...func(*sqlinbox.Config)) *bundle {
+	t.Helper()
+	db := target.Open(t)
+	cfg := sqlinbox.Config{Dialect: target.Dialect, Table: testdb.Table(t, db, "inbox")}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	store, err := sqlinbox.New(db, cfg)
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(context.Background()))
+	t.Cleanup(func() { _ = store.Close() })
+
+	effects := testdb.Table(t, db, "effects")
+	_, err = db.Exec(fmt.Sprintf(`CREATE TABLE %s (consumer VARCHAR(255) NOT NULL, event_id VARCHAR(255) NOT NULL)`, effects))
+	require.NoError(t, err)
+	return &bundle{target: target, db: db, store: store, effects: effects, attempts: map[string]int{}}
+}
+
+func (b *bundle) middleware(t testing.TB, cfg inbox.Config) message.HandlerMiddleware {
+	t.Helper()
+	if cfg.Store == nil {
+		cfg.Store = b.store
+	}
+	mw, err := inbox.NewMiddleware(cfg)
+	require.NoError(t, err)
+	return mw
+}
+
+// writeEffect is the non-idempotent business write: a plain INSERT with no
+// unique key, so every extra commit shows up as an extra row.
+func (b *bundle) writeEffect(msg *message.Message) error {
+	ctx := msg.Context()
+	tx, ok := inbox.TxFromContext(ctx)
+	if !ok {
+		return fmt.Errorf("handler runs without an inbox transaction")
+	}
+	id, consumer, _ := inbox.EventIDFromContext(ctx)
+	b.mu.Lock()
+	b.attempts[id]++
+	b.mu.Unlock()
+	_, err := tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES (%s, %s)`,
+		b.effects, b.target.Placeholder(1), b.target.Placeholder(2)), consumer, id)
+	return err
+}
+
+// handler writes the effect; fail, if set, decides per attempt (1-based)
+// whether to return an error after writing.
+func (b *bundle) handler(fail func(id string, attempt int) error) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if err := b.writeEffect(msg); err != nil {
+			return nil, err
+		}
+		if fail != nil {
+			id, _, _ := inbox.EventIDFromContext(msg.Context())
+			if err := fail(id, b.attemptsOf(id)); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
+	}
+}
+
+func (b *bundle) attemptsOf(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.attempts[id]
+}
+
+// effectCounts returns committed effects per "consumer/event_id".
+func (b *bundle) effectCounts(t testing.TB) map[string]int {
+	t.Helper()
+	rows, err := b.db.Query(fmt.Sprintf(`SELECT consumer, event_id, COUNT(*) FROM %s GROUP BY consumer, event_id`, b.effects))
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var c, id string
+		var n int
+		require.NoError(t, rows.Scan(&c, &id, &n))
+		out[c+"/"+id] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func (b *bundle) count(t testing.TB, table string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.QueryRow(`SELECT COUNT(*) FROM `+table).Scan(&n))
+	return n
+}
+
+func (b *bundle) claims(t testing.TB) int { return b.count(t, b.store.Table()) }
+
+// once returns, for n events, the expected map of one effect each.
+func once(consumer string, ids ...string) map[string]int {
+	out := map[string]int{}
+	for _, id := range ids {
+		out[consumer+"/"+id] = 1
+	}
+	return out
+}
+
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	return out
+}
+
+func newMsg(id string) *message.Message {
+	msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	msg.Metadata.Set(inbox.DefaultEventIDMetadataKey, id)
+	return msg
+}
+
+// pubsub is an in-memory broker whose Publish returns only once every
+// subscriber acked, redelivering nacked messages at once: when Publish
+// returns, the message's whole story has played out.
+func pubsub() *gochannel.GoChannel {
+	return gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
+}
+
+// runRouter starts a router configured by add and stops it when the test
+// ends.
+func runRouter(t *testing.T, add func(r *message.Router)) {
+	t.Helper()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	add(r)
+	go func() { _ = r.Run(context.Background()) }()
+	t.Cleanup(func() { _ = r.Close() })
+	select {
+	case <-r.Running():
+	case <-time.After(10 * time.Second):
+		t.Fatal("router did not start")
+	}
+}
+
+func publish(t testing.TB, pub message.Publisher, topic string, msgs ...*message.Message) {
+	t.Helper()
+	for _, m := range msgs {
+		require.NoError(t, pub.Publish(topic, m))
+	}
+}
+
+// call runs h behind mw directly, as a router would, for tests that need to
+// see the returned error or panic.
+func call(mw message.HandlerMiddleware, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	return mw(h)(msg)
+}

@@ -1,0 +1,36 @@
+package sqlinbox_test
+
+import (
+	"database/sql"
+	"testing"
+
+	"github.com/watermill-inbox/inbox/internal/conformance"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// TestConformance runs the middleware's whole behaviour against every
+// dialect and driver.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	for _, target := range []conformance.Target{
+		postgresTarget("PostgreSQL/lib-pq", "postgres"),
+		postgresTarget("PostgreSQL/pgx-stdlib", "pgx"),
+	} {
+		t.Run(target.Name, func(t *testing.T) {
+			t.Parallel()
+			conformance.Run(t, target)
+		})
+	}
+}
+
+func postgresTarget(name, driver string) conformance.Target {
+	return conformance.Target{
+		Name:                    name,
+		Dialect:                 sqlinbox.PostgreSQL,
+		Open:                    func(t testing.TB) *sql.DB { return testdb.Postgres(t, driver) },
+		Placeholder:             conformance.Dollar,
+		FailedStatementAbortsTx: true,
+		ClaimTimeout:            true,
+	}
+}

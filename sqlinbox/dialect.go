@@ -1,0 +1,51 @@
+package sqlinbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// Dialect is the SQL flavour of a database: PostgreSQL, MySQL or SQLite. Its
+// methods are unexported; the dialects this package offers are the only ones.
+type Dialect interface {
+	fmt.Stringer
+
+	// queries builds every statement once, when the Store is created.
+	queries(t tableName, c Config) queries
+	// classify turns a driver error into one the middleware understands
+	// (lock and busy timeouts wrap inbox.ErrInFlight); others pass through.
+	classify(err error) error
+}
+
+// queries holds a store's SQL text, built once. Differences between dialects
+// live here as data rather than as branches in Store.
+type queries struct {
+	// schema is the DDL, run in order by CreateSchema.
+	schema []string
+	// schemaInTx runs schema inside one transaction (PostgreSQL: DDL is
+	// transactional, and a lock serialises concurrent CreateSchema calls).
+	schemaInTx bool
+	// claim inserts (consumer, event_id) and affects one row when the pair is
+	// new, zero when it already exists; it must never fail on a conflict.
+	claim string
+	// afterClaim runs after a new claim, before the handler ("" for none).
+	afterClaim string
+	// verify checks, once per Store before the first claim, that the
+	// connection settings let claim report affected rows exactly.
+	verify func(ctx context.Context, db *sql.DB, q queries) error
+}
+
+// sqlState is implemented by PostgreSQL driver errors (lib/pq's *pq.Error and
+// pgx's *pgconn.PgError), so errors are recognised by SQLSTATE code without
+// importing either driver.
+type sqlState interface{ SQLState() string }
+
+func pgCode(err error) string {
+	var e sqlState
+	if errors.As(err, &e) {
+		return e.SQLState()
+	}
+	return ""
+}

@@ -1,0 +1,68 @@
+package sqlinbox
+
+import (
+	"fmt"
+
+	inbox "github.com/watermill-inbox/inbox"
+)
+
+// PostgreSQL is the dialect for PostgreSQL 12 and later, through lib/pq or
+// pgx's stdlib.
+var PostgreSQL Dialect = postgresql{}
+
+type postgresql struct{}
+
+func (postgresql) String() string { return "postgresql" }
+
+func (postgresql) queries(t tableName, c Config) queries {
+	table := t.quoted('"')
+	idType := "text"
+	if c.UUIDEventIDs {
+		idType = "uuid"
+	}
+	q := queries{
+		schemaInTx: true,
+		schema: []string{
+			// Concurrent CREATE TABLE IF NOT EXISTS can still collide in the
+			// catalog (unique violation on pg_type); a transaction-scoped
+			// advisory lock makes instances starting together take turns.
+			fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtext('watermill_inbox schema %s'))`, t),
+			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer     text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
+	event_id     %s NOT NULL,
+	processed_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, event_id)
+)`, table, idType),
+			// The purge deletes by age; without this index each batch would
+			// scan the table.
+			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
+		},
+		// ON CONFLICT DO NOTHING never fails on the key: the row count says
+		// new (1) or duplicate (0). A copy of the event still inside another
+		// transaction makes this wait until that one commits (duplicate) or
+		// rolls back (claimed here).
+		claim: fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, table),
+	}
+	if c.ClaimTimeout > 0 {
+		// set_config runs in the CTE before the insert looks for a conflict,
+		// so the lock wait of this very statement is bounded; afterClaim
+		// restores the default so the handler's own statements are not.
+		q.claim = fmt.Sprintf(`WITH lt AS (SELECT set_config('lock_timeout', '%dms', true))
+INSERT INTO %s (consumer, event_id) SELECT $1::text, $2::%s FROM lt ON CONFLICT DO NOTHING`,
+			max(c.ClaimTimeout.Milliseconds(), 1), table, idType)
+		q.afterClaim = `SET LOCAL lock_timeout TO DEFAULT`
+	}
+	return q
+}
+
+func (postgresql) classify(err error) error {
+	switch pgCode(err) {
+	case "55P03": // lock_not_available: lock_timeout expired
+		return fmt.Errorf("%w: %w", inbox.ErrInFlight, err)
+	case "42P01": // undefined_table
+		return fmt.Errorf("inbox table does not exist, run Store.CreateSchema or apply Store.SchemaSQL: %w", err)
+	}
+	return err
+}
+
+func quoteName(name string, q byte) string { return string(q) + name + string(q) }

@@ -1,0 +1,262 @@
+// Package sqlinbox stores inbox claims in a SQL database through database/sql:
+// PostgreSQL (lib/pq or pgx's stdlib), MySQL/MariaDB (go-sql-driver/mysql) and
+// SQLite (modernc.org/sqlite). All of the library's SQL lives in this package.
+package sqlinbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	inbox "github.com/watermill-inbox/inbox"
+)
+
+// DefaultTable is the inbox table's name when Config.Table is empty.
+const DefaultTable = "watermill_inbox"
+
+// Config configures New.
+type Config struct {
+	// Dialect is the database's SQL flavour: PostgreSQL, MySQL or SQLite.
+	// Required.
+	Dialect Dialect
+
+	// Table is the inbox table, optionally schema-qualified ("app.inbox"):
+	// lowercase letters, digits and underscores. Defaults to DefaultTable.
+	Table string
+
+	// UUIDEventIDs stores event ids in a native UUID column (PostgreSQL
+	// uuid, 16 bytes instead of 37 and a smaller index; MySQL BINARY(16);
+	// SQLite keeps text) and rejects ids that are not UUIDs with
+	// inbox.ErrInvalidEventID before any SQL runs. Ids are stored in
+	// canonical lowercase form. It must match the table CreateSchema made.
+	// Defaults to false: any id up to inbox.MaxEventIDLength bytes.
+	UUIDEventIDs bool
+
+	// ClaimTimeout bounds how long a claim waits for another transaction
+	// holding the same (consumer, event id), that is a duplicate delivered
+	// while the first copy is still being handled. When it expires the claim
+	// fails with an error wrapping inbox.ErrInFlight and the message is
+	// retried later instead of holding a connection (PostgreSQL
+	// lock_timeout for the claim statement only; MySQL
+	// innodb_lock_wait_timeout, whole seconds). Defaults to 0: wait until the
+	// other transaction ends.
+	ClaimTimeout time.Duration
+}
+
+// Store records inbox claims in one table. It implements inbox.Store. It does
+// not own the *sql.DB: close the database yourself, after Close.
+type Store struct {
+	db      *sql.DB
+	dialect Dialect
+	table   tableName
+	config  Config
+	q       queries
+
+	mu       sync.Mutex // serialises preparing claimSQL
+	claimSQL atomic.Pointer[sql.Stmt]
+}
+
+var (
+	_ inbox.Store          = (*Store)(nil)
+	_ inbox.EventIDChecker = (*Store)(nil)
+)
+
+// New returns a Store for db. It validates the configuration but does not
+// touch the database; call CreateSchema (or apply SchemaSQL with a migration
+// tool) before the first message.
+func New(db *sql.DB, config Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlinbox: invalid config: db is nil")
+	}
+	if config.Dialect == nil {
+		return nil, errors.New("sqlinbox: invalid config: Dialect is required (sqlinbox.PostgreSQL, sqlinbox.MySQL or sqlinbox.SQLite)")
+	}
+	if config.Table == "" {
+		config.Table = DefaultTable
+	}
+	t, err := parseTableName(config.Table)
+	if err != nil {
+		return nil, fmt.Errorf("sqlinbox: invalid config: Table: %w", err)
+	}
+	if config.ClaimTimeout < 0 {
+		return nil, fmt.Errorf("sqlinbox: invalid config: ClaimTimeout is negative (%s)", config.ClaimTimeout)
+	}
+	return &Store{
+		db:      db,
+		dialect: config.Dialect,
+		table:   t,
+		config:  config,
+		q:       config.Dialect.queries(t, config),
+	}, nil
+}
+
+// DB returns the database the store writes to.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Dialect returns the store's dialect.
+func (s *Store) Dialect() Dialect { return s.dialect }
+
+// Table returns the inbox table's name as configured.
+func (s *Store) Table() string { return s.table.String() }
+
+// SchemaSQL returns the DDL CreateSchema runs, as one script, for migration
+// tools. Every statement is idempotent.
+func (s *Store) SchemaSQL() string {
+	return strings.Join(s.q.schema, ";\n\n") + ";\n"
+}
+
+// CreateSchema creates the inbox table and its index if they do not exist. It
+// is safe to call on every start, from several instances at once.
+func (s *Store) CreateSchema(ctx context.Context) error {
+	if !s.q.schemaInTx {
+		for _, stmt := range s.q.schema {
+			if _, err := s.db.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+			}
+		}
+		return nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	for _, stmt := range s.q.schema {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// Claim implements inbox.Store: BEGIN, then the claim as the transaction's
+// first statement. The claim is a prepared statement, so after the first use
+// on a connection it costs one round trip on every driver.
+func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
+	stmt, err := s.claimStmt(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	tx, err := s.db.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, false, s.dialect.classify(err)
+	}
+	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID)
+	if err != nil || !claimed {
+		_ = tx.Rollback()
+		return nil, false, err
+	}
+	return tx, true, nil
+}
+
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string) (bool, error) {
+	res, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, consumer, eventID)
+	if err != nil {
+		return false, s.dialect.classify(err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, err
+	}
+	switch n {
+	case 0:
+		return false, nil
+	case 1:
+	default:
+		return false, fmt.Errorf("sqlinbox: claim affected %d rows, want 0 or 1; is %s really the inbox table?", n, s.table)
+	}
+	if s.q.afterClaim != "" {
+		if _, err := tx.ExecContext(ctx, s.q.afterClaim); err != nil {
+			return false, s.dialect.classify(err)
+		}
+	}
+	return true, nil
+}
+
+// claimStmt prepares the claim once per Store (database/sql then prepares it
+// once per connection). A failure is not cached: the next message retries,
+// so a store created before its table works once the table exists.
+func (s *Store) claimStmt(ctx context.Context) (*sql.Stmt, error) {
+	if stmt := s.claimSQL.Load(); stmt != nil {
+		return stmt, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if stmt := s.claimSQL.Load(); stmt != nil {
+		return stmt, nil
+	}
+	if s.q.verify != nil {
+		if err := s.q.verify(ctx, s.db, s.q); err != nil {
+			return nil, err
+		}
+	}
+	stmt, err := s.db.PrepareContext(ctx, s.q.claim)
+	if err != nil {
+		return nil, fmt.Errorf("sqlinbox: preparing the claim on %s (did CreateSchema run?): %w", s.table, s.dialect.classify(err))
+	}
+	s.claimSQL.Store(stmt)
+	return stmt, nil
+}
+
+// Close releases the prepared claim statement. The Store can still be used
+// afterwards; it prepares the statement again.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if stmt := s.claimSQL.Swap(nil); stmt != nil {
+		return stmt.Close()
+	}
+	return nil
+}
+
+// CheckEventID implements inbox.EventIDChecker. In UUIDEventIDs mode it
+// rejects ids that are not UUIDs and returns the canonical lowercase form;
+// otherwise every id passes unchanged.
+func (s *Store) CheckEventID(id string) (string, error) {
+	if !s.config.UUIDEventIDs {
+		return id, nil
+	}
+	canonical, ok := canonicalUUID(id)
+	if !ok {
+		return "", fmt.Errorf("%w: %q is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), and %s stores UUID event ids", inbox.ErrInvalidEventID, truncated(id), s.table)
+	}
+	return canonical, nil
+}
+
+// canonicalUUID accepts exactly the 36-character hyphenated form, in either
+// case, and lowercases it, so every dialect stores the same text.
+func canonicalUUID(id string) (string, bool) {
+	if len(id) != 36 {
+		return "", false
+	}
+	b := []byte(id)
+	for i, c := range b {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return "", false
+			}
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f':
+		case c >= 'A' && c <= 'F':
+			b[i] = c + ('a' - 'A')
+		default:
+			return "", false
+		}
+	}
+	return string(b), true
+}
+
+func truncated(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
