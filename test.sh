@@ -97,5 +97,5 @@ fi
 
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(./...)
-go vet ./... ./_examples/...
+go vet ./... $(ls -d ./_examples/*/)
 go test -race -count=1 "${args[@]}"
