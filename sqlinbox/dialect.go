@@ -32,6 +32,10 @@ type queries struct {
 	claim string
 	// afterClaim runs after a new claim, before the handler ("" for none).
 	afterClaim string
+	// beforeClaim, when set, runs in the claim's transaction before claim
+	// (partitioned PostgreSQL: the lock on the event's key). Nil keeps the
+	// claim at one round trip.
+	beforeClaim func(ctx context.Context, tx *sql.Tx, consumer, eventID string) error
 	// verify checks, once per Store before the first claim, that the
 	// connection settings let claim report affected rows exactly.
 	verify func(ctx context.Context, db *sql.DB, q queries) error

@@ -20,6 +20,9 @@ func (postgresql) queries(t tableName, c Config) queries {
 	if c.UUIDEventIDs {
 		idType = "uuid"
 	}
+	if c.Partitioning != NoPartitioning {
+		return partitionedQueries(t, c, idType)
+	}
 	q := queries{
 		schemaInTx: true,
 		schema: []string{
@@ -43,6 +46,7 @@ func (postgresql) queries(t tableName, c Config) queries {
 		// rolls back (claimed here).
 		claim: fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, table),
 	}
+	q.verify = verifyLayout(t, c)
 	if c.ClaimTimeout > 0 {
 		// set_config runs in the CTE before the insert looks for a conflict,
 		// so the lock wait of this very statement is bounded; afterClaim

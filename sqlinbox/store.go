@@ -46,6 +46,14 @@ type Config struct {
 	// innodb_lock_wait_timeout, whole seconds). Defaults to 0: wait until the
 	// other transaction ends.
 	ClaimTimeout time.Duration
+
+	// Partitioning makes CreateSchema create a PostgreSQL table partitioned
+	// by processed_at (Daily or Monthly), whose purge drops whole partitions
+	// instead of deleting rows; see package purge. Claims then take one more
+	// round trip (a lock on the event's key, so that a duplicate is found in
+	// any partition) and need READ COMMITTED. It must match the table
+	// CreateSchema made. Defaults to NoPartitioning.
+	Partitioning Partitioning
 }
 
 // Store records inbox claims in one table. It implements inbox.Store. It does
@@ -85,6 +93,9 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	}
 	if config.ClaimTimeout < 0 {
 		return nil, fmt.Errorf("sqlinbox: invalid config: ClaimTimeout is negative (%s)", config.ClaimTimeout)
+	}
+	if err := checkPartitioning(config); err != nil {
+		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
 	return &Store{
 		db:      db,
@@ -158,6 +169,11 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 }
 
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string) (bool, error) {
+	if s.q.beforeClaim != nil {
+		if err := s.q.beforeClaim(ctx, tx, consumer, eventID); err != nil {
+			return false, s.dialect.classify(err)
+		}
+	}
 	res, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, consumer, eventID)
 	if err != nil {
 		return false, s.dialect.classify(err)

@@ -1,0 +1,444 @@
+// Package purge removes inbox rows once they are too old for a duplicate to
+// still arrive, so the inbox table stops growing.
+//
+// A row may only go when no copy of its event can be delivered any more: the
+// broker's retention (Kafka keeps topics 7 or 14 days by default, and an
+// operator can replay them) plus every retry horizon in between. Purge a row
+// earlier and the next copy of that event is processed again. The purge
+// therefore refuses retentions below MinRetention unless told otherwise.
+//
+// The work is bounded so live claims do not stall: rows are deleted oldest
+// first in batches through the processed_at index, each statement under a
+// timeout, with a short random pause between batches and smaller batches
+// after a timeout. One instance purges at a time (a PostgreSQL advisory lock
+// or a MySQL named lock held by the round); the others skip the round. On a
+// partitioned PostgreSQL table (sqlinbox.Config.Partitioning) the purge
+// creates partitions ahead of time and drops whole expired partitions.
+//
+//	p, err := purge.New(store, purge.Config{Retention: 14 * 24 * time.Hour, Logger: logger})
+//	go p.Run(ctx) // or: deleted, err := p.PurgeOnce(ctx) from cron (cmd/inbox-purge)
+package purge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMinRetention is the shortest retention accepted without
+	// AllowShortRetention. A day covers redeliveries after a crash, a
+	// rebalance or a relay retry; it does not cover a broker that keeps
+	// messages for a week, so set Retention from your broker's retention.
+	DefaultMinRetention = 24 * time.Hour
+	// DefaultBatchSize is how many rows one DELETE removes at most: large
+	// enough that a million rows take a few hundred statements, small enough
+	// that each holds its row locks and WAL for milliseconds.
+	DefaultBatchSize = 5000
+	// MinBatchSize is the smallest batch the purge shrinks to after
+	// statement timeouts; a timeout at this size fails the round.
+	MinBatchSize = 100
+	// DefaultStatementTimeout bounds one batch's DELETE.
+	DefaultStatementTimeout = 10 * time.Second
+	// DefaultBatchPause is the longest pause between two batches (the pause
+	// is random between half of it and all of it), leaving the database
+	// room for live claims.
+	DefaultBatchPause = 100 * time.Millisecond
+	// DefaultInterval is the time between two rounds of Run.
+	DefaultInterval = 10 * time.Minute
+	// DefaultPartitionsAhead is how many future partitions a round keeps
+	// ready on a partitioned table.
+	DefaultPartitionsAhead = 3
+	// DefaultLockTimeout bounds the wait for the table lock that creating
+	// or dropping a partition needs; claims queue behind that wait.
+	DefaultLockTimeout = time.Second
+)
+
+// ErrSkipped is returned by PurgeOnce and DryRun when another purge of the
+// same table holds the purge lock (in this or another process). Nothing was
+// done, and nothing needs doing: that purge is doing the work. Run and
+// cmd/inbox-purge treat it as success.
+var ErrSkipped = errors.New("purge: another purge of this table is running; skipped")
+
+// Config configures New.
+type Config struct {
+	// Retention is how long a row is kept after its message was processed.
+	// It must exceed the longest time a copy of an event can still arrive:
+	// the broker's retention plus retry horizons. Required: there is no
+	// safe default, since it depends on your broker.
+	Retention time.Duration
+
+	// ConsumerRetention overrides Retention for some consumers (by
+	// consumer name); consumers not listed keep Retention. Each value is
+	// checked against MinRetention too. Not available on a partitioned
+	// table, where a dropped partition takes every consumer's rows.
+	// Defaults to none.
+	ConsumerRetention map[string]time.Duration
+
+	// MinRetention is the floor below which a retention is refused.
+	// Defaults to DefaultMinRetention.
+	MinRetention time.Duration
+
+	// AllowShortRetention accepts retentions below MinRetention, for tests
+	// and for brokers that provably never redeliver after that long.
+	// Defaults to false.
+	AllowShortRetention bool
+
+	// BatchSize is the most rows one DELETE removes. Defaults to
+	// DefaultBatchSize.
+	BatchSize int
+
+	// StatementTimeout bounds each DELETE; after a timeout the batch is
+	// halved (down to MinBatchSize) and grows back slowly. Defaults to
+	// DefaultStatementTimeout.
+	StatementTimeout time.Duration
+
+	// BatchPause is the longest pause between batches. Defaults to
+	// DefaultBatchPause.
+	BatchPause time.Duration
+
+	// Interval is the time between rounds of Run. Defaults to
+	// DefaultInterval.
+	Interval time.Duration
+
+	// PartitionsAhead is how many partitions after the current one each
+	// round creates on a partitioned table, so that rows rarely fall into
+	// the default partition. Run the purge more often than that many
+	// periods. Defaults to DefaultPartitionsAhead.
+	PartitionsAhead int
+
+	// LockTimeout bounds the wait for the table lock when creating or
+	// dropping a partition; a partition that times out is retried next
+	// round. Defaults to DefaultLockTimeout.
+	LockTimeout time.Duration
+
+	// Logger receives one line per round (rows deleted, duration,
+	// partitions created and dropped) and errors of Run's rounds.
+	// Defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+func (c *Config) setDefaults() {
+	if c.MinRetention == 0 {
+		c.MinRetention = DefaultMinRetention
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = DefaultStatementTimeout
+	}
+	if c.BatchPause == 0 {
+		c.BatchPause = DefaultBatchPause
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.PartitionsAhead == 0 {
+		c.PartitionsAhead = DefaultPartitionsAhead
+	}
+	if c.LockTimeout == 0 {
+		c.LockTimeout = DefaultLockTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+func (c Config) validate(store *sqlinbox.Store) error {
+	if c.Retention == 0 {
+		return errors.New("Retention is required: set it longer than the time a duplicate can still arrive (broker retention plus retries)")
+	}
+	if err := c.checkRetention("Retention", c.Retention); err != nil {
+		return err
+	}
+	if len(c.ConsumerRetention) > 0 && store.Partitioning() != sqlinbox.NoPartitioning {
+		return fmt.Errorf("ConsumerRetention: not available on a partitioned table (%s), where dropping a partition removes every consumer's rows", store.Partitioning())
+	}
+	for _, consumer := range slices.Sorted(maps.Keys(c.ConsumerRetention)) {
+		if consumer == "" {
+			return errors.New("ConsumerRetention: empty consumer name")
+		}
+		if err := c.checkRetention(fmt.Sprintf("ConsumerRetention[%q]", consumer), c.ConsumerRetention[consumer]); err != nil {
+			return err
+		}
+	}
+	if c.MinRetention < 0 {
+		return fmt.Errorf("MinRetention is negative (%s)", c.MinRetention)
+	}
+	if c.BatchSize < MinBatchSize {
+		return fmt.Errorf("BatchSize %d is below MinBatchSize (%d)", c.BatchSize, MinBatchSize)
+	}
+	for name, d := range map[string]time.Duration{"StatementTimeout": c.StatementTimeout, "BatchPause": c.BatchPause, "Interval": c.Interval, "LockTimeout": c.LockTimeout} {
+		if d < 0 {
+			return fmt.Errorf("%s is negative (%s)", name, d)
+		}
+	}
+	if c.PartitionsAhead < 0 {
+		return fmt.Errorf("PartitionsAhead is negative (%d)", c.PartitionsAhead)
+	}
+	return nil
+}
+
+func (c Config) checkRetention(field string, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%s must be positive, got %s", field, d)
+	}
+	if d < c.MinRetention && !c.AllowShortRetention {
+		return fmt.Errorf("%s %s is below MinRetention %s: rows purged before every copy of their event has arrived let that copy be processed again; keep rows for the broker's retention plus retries, or set AllowShortRetention", field, d, c.MinRetention)
+	}
+	return nil
+}
+
+// Purger removes expired inbox rows from one table. Its methods are safe for
+// concurrent use; concurrent rounds skip (ErrSkipped).
+type Purger struct {
+	store  *sqlinbox.Store
+	config Config
+	scopes []sqlinbox.PurgeScope
+
+	running sync.Mutex // held by a round, so rounds in one process never overlap
+	batch   int        // current batch size, shrunk after timeouts; guarded by running
+}
+
+// New validates config and returns a Purger for store's table. It does not
+// touch the database.
+func New(store *sqlinbox.Store, config Config) (*Purger, error) {
+	if store == nil {
+		return nil, errors.New("purge: invalid config: store is nil")
+	}
+	config.setDefaults()
+	if err := config.validate(store); err != nil {
+		return nil, fmt.Errorf("purge: invalid config: %w", err)
+	}
+	p := &Purger{store: store, config: config, batch: config.BatchSize}
+	overridden := slices.Sorted(maps.Keys(config.ConsumerRetention))
+	for _, consumer := range overridden {
+		p.scopes = append(p.scopes, sqlinbox.PurgeScope{OlderThan: config.ConsumerRetention[consumer], Consumer: consumer})
+	}
+	p.scopes = append(p.scopes, sqlinbox.PurgeScope{OlderThan: config.Retention, Except: overridden})
+	return p, nil
+}
+
+// PurgeOnce runs one round: on a partitioned table it creates the coming
+// partitions and drops expired ones, then it deletes expired rows in batches
+// until none is left. It returns the rows removed (dropped partitions
+// included), and ErrSkipped when another purge of the table is running.
+func (p *Purger) PurgeOnce(ctx context.Context) (int64, error) {
+	if !p.running.TryLock() {
+		p.logSkipped()
+		return 0, ErrSkipped
+	}
+	defer p.running.Unlock()
+	sess, ok, err := p.store.BeginPurge(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("purge: %w", err)
+	}
+	if !ok {
+		p.logSkipped()
+		return 0, ErrSkipped
+	}
+	defer sess.Close() //nolint:errcheck // Close discards the connection when the unlock fails
+
+	start := time.Now()
+	r := round{}
+	var errs []error
+	if p.store.Partitioning() != sqlinbox.NoPartitioning {
+		errs = append(errs, p.partitions(ctx, sess, &r))
+	}
+	for _, scope := range p.scopes {
+		if err := p.deleteScope(ctx, sess, scope, &r); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	err = errors.Join(errs...)
+	fields := watermill.LogFields{
+		"table":        p.store.Table(),
+		"rows_deleted": r.deleted,
+		"batches":      r.batches,
+		"timeouts":     r.timeouts,
+		"duration":     time.Since(start).Round(time.Millisecond).String(),
+	}
+	if p.store.Partitioning() != sqlinbox.NoPartitioning {
+		fields["partitions_created"] = r.created
+		fields["partitions_dropped"] = r.dropped
+		fields["rows_dropped"] = r.droppedRows
+	}
+	if err != nil && ctx.Err() != nil {
+		p.config.Logger.Info("Inbox purge round interrupted", fields)
+		return r.deleted + r.droppedRows, err
+	}
+	if err != nil {
+		p.config.Logger.Error("Inbox purge round failed", err, fields)
+		return r.deleted + r.droppedRows, err
+	}
+	p.config.Logger.Info("Inbox purge round done", fields)
+	return r.deleted + r.droppedRows, nil
+}
+
+func (p *Purger) logSkipped() {
+	p.config.Logger.Info("Inbox purge skipped: another purge of this table is running", watermill.LogFields{"table": p.store.Table()})
+}
+
+// round accumulates what one PurgeOnce did, for its log line.
+type round struct {
+	deleted, droppedRows int64
+	batches, timeouts    int
+	created, dropped     []string
+}
+
+// deleteScope deletes one scope's expired rows batch by batch until a batch
+// comes back short.
+func (p *Purger) deleteScope(ctx context.Context, sess *sqlinbox.PurgeSession, scope sqlinbox.PurgeScope, r *round) error {
+	for {
+		n, err := sess.DeleteBatch(ctx, scope, p.batch, p.config.StatementTimeout)
+		switch {
+		case errors.Is(err, sqlinbox.ErrPurgeTimeout):
+			r.timeouts++
+			if p.batch <= MinBatchSize {
+				return fmt.Errorf("purge: a batch of %d rows still timed out: %w", p.batch, err)
+			}
+			p.batch = max(p.batch/2, MinBatchSize)
+			p.config.Logger.Info("Inbox purge batch timed out; smaller batches", watermill.LogFields{"table": p.store.Table(), "batch_size": p.batch})
+		case err != nil:
+			return fmt.Errorf("purge: %w", err)
+		default:
+			r.batches++
+			r.deleted += n
+			if n < int64(p.batch) {
+				return nil
+			}
+			// Grow back by an eighth per full batch: a timeout halves at
+			// once, recovery takes several good batches.
+			p.batch = min(p.batch+max(p.batch/8, 1), p.config.BatchSize)
+		}
+		if err := p.pause(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+func (p *Purger) pause(ctx context.Context) error {
+	if p.config.BatchPause <= 0 {
+		return ctx.Err()
+	}
+	half := p.config.BatchPause / 2
+	d := half + rand.N(p.config.BatchPause-half+1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// partitions keeps the coming partitions ready and drops the expired ones.
+// A failure is reported, but the row deletes of the round still run.
+func (p *Purger) partitions(ctx context.Context, sess *sqlinbox.PurgeSession, r *round) error {
+	created, blocked, err := sess.CreatePartitions(ctx, p.config.PartitionsAhead, p.config.LockTimeout)
+	for _, part := range created {
+		r.created = append(r.created, part.Name)
+	}
+	for _, part := range blocked {
+		p.config.Logger.Info("Inbox partition not created: its rows are already in the default partition, which row deletes purge", watermill.LogFields{"table": p.store.Table(), "partition": part.Name})
+	}
+	if err != nil {
+		return fmt.Errorf("purge: %w", err)
+	}
+	expired, err := sess.ExpiredPartitions(ctx, p.config.Retention)
+	if err != nil {
+		return fmt.Errorf("purge: %w", err)
+	}
+	for _, part := range expired {
+		counts, err := sess.CountPartition(ctx, part)
+		if err != nil {
+			return fmt.Errorf("purge: %w", err)
+		}
+		start := time.Now()
+		if err := sess.DropPartition(ctx, part, p.config.LockTimeout); err != nil {
+			return fmt.Errorf("purge: %w", err)
+		}
+		var rows int64
+		for _, n := range counts {
+			rows += n
+		}
+		r.dropped = append(r.dropped, part.Name)
+		r.droppedRows += rows
+		p.config.Logger.Info("Inbox partition dropped", watermill.LogFields{"table": p.store.Table(), "partition": part.Name, "rows": rows, "duration": time.Since(start).String()})
+	}
+	return nil
+}
+
+// DryRun returns, per consumer, how many rows PurgeOnce would remove now,
+// and removes nothing. It takes the purge lock like a round, so it returns
+// ErrSkipped while another purge runs.
+func (p *Purger) DryRun(ctx context.Context) (map[string]int64, error) {
+	if !p.running.TryLock() {
+		return nil, ErrSkipped
+	}
+	defer p.running.Unlock()
+	sess, ok, err := p.store.BeginPurge(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("purge: %w", err)
+	}
+	if !ok {
+		return nil, ErrSkipped
+	}
+	defer sess.Close() //nolint:errcheck // nothing was written
+	total := map[string]int64{}
+	add := func(counts map[string]int64) {
+		for c, n := range counts {
+			total[c] += n
+		}
+	}
+	if p.store.Partitioning() != sqlinbox.NoPartitioning {
+		expired, err := sess.ExpiredPartitions(ctx, p.config.Retention)
+		if err != nil {
+			return nil, fmt.Errorf("purge: %w", err)
+		}
+		for _, part := range expired {
+			counts, err := sess.CountPartition(ctx, part)
+			if err != nil {
+				return nil, fmt.Errorf("purge: %w", err)
+			}
+			add(counts)
+		}
+	}
+	for _, scope := range p.scopes {
+		counts, err := sess.CountExpired(ctx, scope)
+		if err != nil {
+			return nil, fmt.Errorf("purge: %w", err)
+		}
+		add(counts)
+	}
+	return total, nil
+}
+
+// Run purges every Interval, starting at once, until ctx is done; then it
+// returns nil. A failed round is logged and retried at the next interval;
+// ErrSkipped rounds are normal when several instances run the purge.
+func (p *Purger) Run(ctx context.Context) error {
+	for {
+		_, _ = p.PurgeOnce(ctx) // it logs its outcome; the next round retries
+		t := time.NewTimer(p.config.Interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}

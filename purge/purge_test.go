@@ -1,0 +1,368 @@
+package purge_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/purge"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// target is one database the purge runs on.
+type target struct {
+	name    string
+	dialect sqlinbox.Dialect
+	open    func(t testing.TB) *sql.DB
+	// seed inserts n rows for consumer, with event ids prefix1..prefixN,
+	// processed age ago by the database clock, as if claimed then.
+	seed func(t testing.TB, db *sql.DB, table, consumer, prefix string, n int, age time.Duration)
+	// holdRow locks one row of table in an open transaction, so that a
+	// DELETE reaching it waits; it returns the rollback.
+	holdRow func(t testing.TB, db *sql.DB, table, consumer, eventID string) func()
+	// oneRunner: the database offers a lock that keeps a second instance's
+	// purge from running concurrently (SQLite serialises writers itself).
+	oneRunner bool
+}
+
+func targets() []target {
+	return []target{
+		{name: "PostgreSQL", dialect: sqlinbox.PostgreSQL, open: func(t testing.TB) *sql.DB { return testdb.Postgres(t, "pgx") }, seed: seedPostgres, holdRow: holdRowPostgres, oneRunner: true},
+	}
+}
+
+func seedPostgres(t testing.TB, db *sql.DB, table, consumer, prefix string, n int, age time.Duration) {
+	t.Helper()
+	_, err := db.Exec(fmt.Sprintf(`INSERT INTO %s (consumer, event_id, processed_at)
+SELECT $1, $2 || g, now() - $3::float8 * interval '1 microsecond' FROM generate_series(1, $4::int) g`, table),
+		consumer, prefix, age.Microseconds(), n)
+	require.NoError(t, err)
+}
+
+func holdRowPostgres(t testing.TB, db *sql.DB, table, consumer, eventID string) func() {
+	t.Helper()
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	var got string
+	require.NoError(t, tx.QueryRow(fmt.Sprintf(`SELECT event_id FROM %s WHERE consumer = $1 AND event_id = $2 FOR UPDATE`, table), consumer, eventID).Scan(&got))
+	return func() { _ = tx.Rollback() }
+}
+
+// forEach runs fn as a parallel subtest per target.
+func forEach(t *testing.T, fn func(t *testing.T, tg target)) {
+	t.Parallel()
+	for _, tg := range targets() {
+		t.Run(tg.name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, tg)
+		})
+	}
+}
+
+type bundle struct {
+	tg    target
+	db    *sql.DB
+	store *sqlinbox.Store
+	table string
+}
+
+func setup(t *testing.T, tg target, mutate ...func(*sqlinbox.Config)) *bundle {
+	t.Helper()
+	db := tg.open(t)
+	cfg := sqlinbox.Config{Dialect: tg.dialect, Table: testdb.Table(t, db, "purge")}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	store, err := sqlinbox.New(db, cfg)
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(context.Background()))
+	t.Cleanup(func() { _ = store.Close() })
+	return &bundle{tg: tg, db: db, store: store, table: cfg.Table}
+}
+
+func (b *bundle) seed(t testing.TB, consumer, prefix string, n int, age time.Duration) {
+	b.tg.seed(t, b.db, b.table, consumer, prefix, n, age)
+}
+
+// rows returns the table's row count per consumer.
+func (b *bundle) rows(t testing.TB) map[string]int64 {
+	t.Helper()
+	rows, err := b.db.Query(fmt.Sprintf(`SELECT consumer, COUNT(*) FROM %s GROUP BY consumer`, b.table))
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var c string
+		var n int64
+		require.NoError(t, rows.Scan(&c, &n))
+		out[c] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func (b *bundle) has(t testing.TB, consumer, eventID string) bool {
+	t.Helper()
+	var n int
+	ph := "$1"
+	ph2 := "$2"
+	if b.tg.dialect != sqlinbox.PostgreSQL {
+		ph, ph2 = "?", "?"
+	}
+	require.NoError(t, b.db.QueryRow(fmt.Sprintf(`SELECT COUNT(*) FROM %s WHERE consumer = %s AND event_id = %s`, b.table, ph, ph2), consumer, eventID).Scan(&n))
+	return n == 1
+}
+
+func (b *bundle) purger(t testing.TB, cfg purge.Config) *purge.Purger {
+	t.Helper()
+	if cfg.BatchPause == 0 {
+		cfg.BatchPause = time.Millisecond
+	}
+	p, err := purge.New(b.store, cfg)
+	require.NoError(t, err)
+	return p
+}
+
+// claim delivers (consumer, id) to the store and commits: true when it was
+// new.
+func (b *bundle) claim(t testing.TB, consumer, id string) bool {
+	t.Helper()
+	tx, ok, err := b.store.Claim(context.Background(), nil, consumer, id)
+	require.NoError(t, err)
+	if ok {
+		require.NoError(t, tx.Commit())
+	}
+	return ok
+}
+
+const day = 24 * time.Hour
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	db, err := sql.Open("pgx", testdb.PostgresDSN()) // not reached: New does not touch the database
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL})
+	require.NoError(t, err)
+	partitioned, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Partitioning: sqlinbox.Daily})
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name  string
+		store *sqlinbox.Store
+		cfg   purge.Config
+		err   string
+	}{
+		{"retention required", store, purge.Config{}, "Retention is required"},
+		{"negative retention", store, purge.Config{Retention: -day}, "Retention must be positive"},
+		{"below the floor", store, purge.Config{Retention: time.Hour}, "Retention 1h0m0s is below MinRetention 24h0m0s"},
+		{"below a raised floor", store, purge.Config{Retention: 2 * day, MinRetention: 7 * day}, "below MinRetention"},
+		{"override below the floor", store, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"mailer": time.Hour}}, `ConsumerRetention["mailer"] 1h0m0s is below MinRetention`},
+		{"zero override", store, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"mailer": 0}, AllowShortRetention: true}, `ConsumerRetention["mailer"] must be positive`},
+		{"empty consumer", store, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"": 20 * day}}, "empty consumer name"},
+		{"tiny batch", store, purge.Config{Retention: 14 * day, BatchSize: 10}, "BatchSize 10 is below MinBatchSize"},
+		{"negative timeout", store, purge.Config{Retention: 14 * day, StatementTimeout: -time.Second}, "StatementTimeout is negative"},
+		{"overrides on partitions", partitioned, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"mailer": 30 * day}}, "not available on a partitioned table"},
+		{"ok", store, purge.Config{Retention: 14 * day}, ""},
+		{"short allowed", store, purge.Config{Retention: time.Minute, AllowShortRetention: true}, ""},
+		{"floor lowered", store, purge.Config{Retention: time.Hour, MinRetention: time.Hour}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := purge.New(tc.store, tc.cfg)
+			if tc.err == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, "purge: invalid config: ")
+			require.ErrorContains(t, err, tc.err)
+		})
+	}
+	_, err = purge.New(nil, purge.Config{Retention: 14 * day})
+	require.Error(t, err)
+}
+
+// Exactly the expired rows go, in several batches; the young ones stay.
+func TestDeletesOnlyExpiredRows(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		b := setup(t, tg)
+		b.seed(t, "billing", "old-", 2345, 3*day)
+		b.seed(t, "billing", "edge-", 10, day+time.Minute)
+		b.seed(t, "billing", "young-", 300, day-time.Minute)
+		b.seed(t, "mailer", "old-", 50, 30*day)
+		b.seed(t, "mailer", "young-", 7, time.Hour)
+
+		p := b.purger(t, purge.Config{Retention: day, BatchSize: 500})
+		deleted, err := p.PurgeOnce(context.Background())
+		require.NoError(t, err)
+		require.EqualValues(t, 2345+10+50, deleted)
+		require.Equal(t, map[string]int64{"billing": 300, "mailer": 7}, b.rows(t))
+		require.True(t, b.has(t, "billing", "young-1"))
+		require.False(t, b.has(t, "billing", "edge-1"))
+
+		deleted, err = p.PurgeOnce(context.Background())
+		require.NoError(t, err)
+		require.Zero(t, deleted)
+		require.Equal(t, map[string]int64{"billing": 300, "mailer": 7}, b.rows(t))
+	})
+}
+
+// After a purge, an event claimed recently is still a duplicate; only an
+// event older than the retention can be processed again.
+func TestRecentDuplicatesStayBlocked(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		b := setup(t, tg)
+		require.True(t, b.claim(t, "billing", "recent"))
+		b.seed(t, "billing", "old-", 1000, 2*day)
+
+		p := b.purger(t, purge.Config{Retention: day, BatchSize: 300})
+		deleted, err := p.PurgeOnce(context.Background())
+		require.NoError(t, err)
+		require.EqualValues(t, 1000, deleted)
+
+		require.False(t, b.claim(t, "billing", "recent"), "a recent event must stay a duplicate")
+		require.True(t, b.claim(t, "billing", "old-1"), "a purged event is new again")
+		require.Equal(t, map[string]int64{"billing": 2}, b.rows(t))
+	})
+}
+
+// Per-consumer retention: listed consumers keep their own, the others the
+// default.
+func TestConsumerRetention(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		b := setup(t, tg)
+		b.seed(t, "billing", "d2-", 100, 2*day)
+		b.seed(t, "audit", "d2-", 100, 2*day)
+		b.seed(t, "audit", "d9-", 100, 9*day)
+		b.seed(t, "mailer", "d2-", 100, 2*day)
+		b.seed(t, "mailer", "h3-", 100, 3*time.Hour)
+
+		p := b.purger(t, purge.Config{
+			Retention:           day,
+			ConsumerRetention:   map[string]time.Duration{"audit": 7 * day, "mailer": 2 * time.Hour},
+			AllowShortRetention: true,
+			BatchSize:           purge.MinBatchSize,
+		})
+		counts, err := p.DryRun(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, map[string]int64{"billing": 100, "audit": 100, "mailer": 200}, counts)
+		require.Len(t, b.rows(t), 3, "a dry run deletes nothing")
+
+		deleted, err := p.PurgeOnce(context.Background())
+		require.NoError(t, err)
+		require.EqualValues(t, 400, deleted)
+		require.Equal(t, map[string]int64{"audit": 100}, b.rows(t))
+		require.True(t, b.has(t, "audit", "d2-1"))
+	})
+}
+
+// While one purge holds the table's lock, another instance skips its round
+// instead of waiting; concurrent purgers remove every row exactly once
+// between them.
+func TestOneRunnerAtATime(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		b := setup(t, tg)
+		b.seed(t, "billing", "old-", 3000, 2*day)
+
+		if tg.oneRunner {
+			// Another instance: its own pool, so its own database session.
+			other, err := sqlinbox.New(tg.open(t), sqlinbox.Config{Dialect: tg.dialect, Table: b.table})
+			require.NoError(t, err)
+			sess, ok, err := other.BeginPurge(context.Background())
+			require.NoError(t, err)
+			require.True(t, ok)
+			p := b.purger(t, purge.Config{Retention: day})
+			deleted, err := p.PurgeOnce(context.Background())
+			require.ErrorIs(t, err, purge.ErrSkipped)
+			require.Zero(t, deleted)
+			_, err = p.DryRun(context.Background())
+			require.ErrorIs(t, err, purge.ErrSkipped)
+			require.Equal(t, map[string]int64{"billing": 3000}, b.rows(t))
+			require.NoError(t, sess.Close())
+		}
+
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			total   int64
+			skipped int
+		)
+		for range 4 {
+			p := b.purger(t, purge.Config{Retention: day, BatchSize: 200, BatchPause: 5 * time.Millisecond})
+			wg.Go(func() {
+				n, err := p.PurgeOnce(context.Background())
+				mu.Lock()
+				defer mu.Unlock()
+				if errors.Is(err, purge.ErrSkipped) {
+					skipped++
+					return
+				}
+				require.NoError(t, err)
+				total += n
+			})
+		}
+		wg.Wait()
+		require.EqualValues(t, 3000, total)
+		require.Empty(t, b.rows(t))
+		if tg.oneRunner {
+			// A round of 15 batches with pauses outlasts the start of the
+			// other three, which skip rather than queue.
+			require.Positive(t, skipped)
+		}
+	})
+}
+
+// A DELETE that runs into its statement timeout is retried with half the
+// batch; when even the smallest batch times out the round fails, deleting
+// nothing of the blocked batch. Once the blocker is gone the purge finishes.
+func TestTimeoutShrinksTheBatch(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		if tg.holdRow == nil {
+			t.Skip("the database cannot hold a single row lock")
+		}
+		b := setup(t, tg)
+		b.seed(t, "billing", "old-", 1000, 2*day)
+		release := tg.holdRow(t, b.db, b.table, "billing", "old-1")
+		p := b.purger(t, purge.Config{Retention: day, BatchSize: 4 * purge.MinBatchSize, StatementTimeout: 100 * time.Millisecond})
+		deleted, err := p.PurgeOnce(context.Background())
+		require.ErrorIs(t, err, sqlinbox.ErrPurgeTimeout)
+		require.ErrorContains(t, err, fmt.Sprintf("a batch of %d rows still timed out", purge.MinBatchSize))
+		require.Zero(t, deleted)
+		require.Equal(t, map[string]int64{"billing": 1000}, b.rows(t))
+
+		release()
+		deleted, err = p.PurgeOnce(context.Background())
+		require.NoError(t, err)
+		require.EqualValues(t, 1000, deleted)
+		require.Empty(t, b.rows(t))
+	})
+}
+
+// Run purges at once, then every Interval, and returns nil when its context
+// ends.
+func TestRun(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		b := setup(t, tg)
+		b.seed(t, "billing", "old-", 500, 2*day)
+		p := b.purger(t, purge.Config{Retention: day, Interval: 50 * time.Millisecond})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		require.Eventually(t, func() bool { return len(b.rows(t)) == 0 }, 10*time.Second, 20*time.Millisecond)
+		b.seed(t, "billing", "later-", 100, 3*day)
+		require.Eventually(t, func() bool { return len(b.rows(t)) == 0 }, 10*time.Second, 20*time.Millisecond)
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+	})
+}

@@ -1,0 +1,335 @@
+package sqlinbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Partitioning splits a PostgreSQL inbox table into time ranges of
+// processed_at, so that the purge drops whole partitions (instant, no dead
+// rows, no WAL per row) instead of deleting rows one by one.
+type Partitioning int
+
+const (
+	// NoPartitioning is one plain table, purged by batched deletes.
+	NoPartitioning Partitioning = iota
+	// Daily partitions: one table per UTC day.
+	Daily
+	// Monthly partitions: one table per UTC month.
+	Monthly
+)
+
+func (p Partitioning) String() string {
+	switch p {
+	case NoPartitioning:
+		return "none"
+	case Daily:
+		return "daily"
+	case Monthly:
+		return "monthly"
+	}
+	return "Partitioning(" + strconv.Itoa(int(p)) + ")"
+}
+
+// defaultPartitionSuffix names the DEFAULT partition: it takes every row no
+// time partition covers, so a claim never fails for want of a partition.
+const defaultPartitionSuffix = "default"
+
+// Partitioning returns the table layout the store was configured with.
+func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
+
+// checkPartitioning validates Config.Partitioning for a dialect.
+func checkPartitioning(c Config) error {
+	switch c.Partitioning {
+	case NoPartitioning:
+		return nil
+	case Daily, Monthly:
+		if c.Dialect != PostgreSQL {
+			return fmt.Errorf("Partitioning: %s is only available on PostgreSQL, not %s", c.Partitioning, c.Dialect)
+		}
+		return nil
+	}
+	return fmt.Errorf("Partitioning: unknown value %d (use sqlinbox.NoPartitioning, Daily or Monthly)", int(c.Partitioning))
+}
+
+// partitionedQueries is the PostgreSQL schema and claim of a table
+// partitioned by processed_at.
+//
+// A unique key on a partitioned table must contain the partition key, so
+// the primary key is (consumer, event_id, processed_at) and cannot see a
+// duplicate whose original sits in another partition. The claim therefore
+// serialises on the key itself: a transaction-scoped advisory lock on a hash
+// of (consumer, event id), taken by its own statement first, then an insert
+// that looks for the pair in every live partition. The lock must be its own
+// statement: under READ COMMITTED each statement sees what was committed
+// before it started, and only a statement started after the lock was granted
+// sees the row of the transaction that held it. For the same reason the
+// claim refuses REPEATABLE READ and SERIALIZABLE, whose snapshot is taken by
+// the first statement, before the wait.
+func partitionedQueries(t tableName, c Config, idType string) queries {
+	table := t.quoted('"')
+	lock := `SELECT pg_advisory_xact_lock(hashtextextended(length($1::text) || ':' || $1::text || $2::text, 0))`
+	if c.ClaimTimeout > 0 {
+		lock = fmt.Sprintf(`WITH lt AS (SELECT set_config('lock_timeout', '%dms', true))
+SELECT pg_advisory_xact_lock(hashtextextended(length($1::text) || ':' || $1::text || $2::text, 0)) FROM lt`,
+			max(c.ClaimTimeout.Milliseconds(), 1))
+	}
+	lock = fmt.Sprintf(`WITH l AS (%s) SELECT current_setting('transaction_isolation') FROM l`, lock)
+	q := queries{
+		schemaInTx: true,
+		schema: []string{
+			fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtext('watermill_inbox schema %s'))`, t),
+			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer     text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
+	event_id     %s NOT NULL,
+	processed_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, event_id, processed_at)
+) PARTITION BY RANGE (processed_at)`, table, idType),
+			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s DEFAULT`, t.derived(defaultPartitionSuffix).quoted('"'), table),
+			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
+		},
+		// The primary key's (consumer, event_id) prefix makes the lookup
+		// one index probe per partition. ON CONFLICT DO NOTHING still
+		// guards the same-microsecond case the key does see.
+		claim: fmt.Sprintf(`INSERT INTO %[1]s (consumer, event_id)
+SELECT $1::text, $2::%[2]s
+WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE consumer = $1::text AND event_id = $2::%[2]s)
+ON CONFLICT DO NOTHING`, table, idType),
+		beforeClaim: func(ctx context.Context, tx *sql.Tx, consumer, eventID string) error {
+			var isolation string
+			if err := tx.QueryRowContext(ctx, lock, consumer, eventID).Scan(&isolation); err != nil {
+				return err
+			}
+			if isolation != "read committed" {
+				return fmt.Errorf("sqlinbox: a partitioned inbox table needs READ COMMITTED claims, this transaction is %s: its snapshot predates the wait for the event's lock, so it could miss the claim it waited for", strings.ToUpper(isolation))
+			}
+			return nil
+		},
+	}
+	if c.ClaimTimeout > 0 {
+		q.afterClaim = `SET LOCAL lock_timeout TO DEFAULT`
+	}
+	q.verify = verifyLayout(t, c)
+	return q
+}
+
+// verifyLayout checks, before the first claim, that the table is
+// partitioned exactly when the Config says so. A partitioned table claimed
+// with the plain ON CONFLICT claim would let duplicates through, since its
+// key includes processed_at.
+func verifyLayout(t tableName, c Config) func(ctx context.Context, db *sql.DB, q queries) error {
+	return func(ctx context.Context, db *sql.DB, _ queries) error {
+		var kind sql.NullString
+		err := db.QueryRowContext(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, t.quoted('"')).Scan(&kind)
+		if errors.Is(err, sql.ErrNoRows) || (err == nil && !kind.Valid) {
+			return nil // no table yet: preparing the claim reports it
+		}
+		if err != nil {
+			return fmt.Errorf("sqlinbox: checking the layout of %s: %w", t, err)
+		}
+		partitioned := kind.String == "p"
+		if partitioned != (c.Partitioning != NoPartitioning) {
+			if partitioned {
+				return fmt.Errorf("sqlinbox: %s is partitioned but Config.Partitioning is %s: set it to the table's layout, or duplicates in different partitions would not be detected", t, c.Partitioning)
+			}
+			return fmt.Errorf("sqlinbox: %s is not partitioned but Config.Partitioning is %s", t, c.Partitioning)
+		}
+		return nil
+	}
+}
+
+// Partition is one time partition of a partitioned inbox table: the rows
+// with From <= processed_at < To (UTC).
+type Partition struct {
+	Name     string
+	From, To time.Time
+}
+
+func (p Partition) String() string { return p.Name }
+
+// partitionFor returns the partition of period i after the one holding at.
+func partitionFor(t tableName, mode Partitioning, at time.Time, i int) Partition {
+	at = at.UTC()
+	switch mode {
+	case Monthly:
+		from := time.Date(at.Year(), at.Month()+time.Month(i), 1, 0, 0, 0, 0, time.UTC)
+		return Partition{Name: t.name + "_p" + from.Format("200601"), From: from, To: from.AddDate(0, 1, 0)}
+	default:
+		from := time.Date(at.Year(), at.Month(), at.Day()+i, 0, 0, 0, 0, time.UTC)
+		return Partition{Name: t.name + "_p" + from.Format("20060102"), From: from, To: from.AddDate(0, 0, 1)}
+	}
+}
+
+// parsePartition recognises the partitions this package creates, daily or
+// monthly whatever the current mode, so a change of mode still drops the
+// old ones. Other partitions are left alone.
+func parsePartition(t tableName, name string) (Partition, bool) {
+	suffix, ok := strings.CutPrefix(name, t.name+"_p")
+	if !ok {
+		return Partition{}, false
+	}
+	switch len(suffix) {
+	case 8:
+		from, err := time.Parse("20060102", suffix)
+		if err == nil {
+			return Partition{Name: name, From: from, To: from.AddDate(0, 0, 1)}, true
+		}
+	case 6:
+		from, err := time.Parse("200601", suffix)
+		if err == nil {
+			return Partition{Name: name, From: from, To: from.AddDate(0, 1, 0)}, true
+		}
+	}
+	return Partition{}, false
+}
+
+func (p *PurgeSession) partitioned() error {
+	if p.s.config.Partitioning == NoPartitioning {
+		return fmt.Errorf("sqlinbox: %s is not partitioned (Config.Partitioning)", p.s.table)
+	}
+	return nil
+}
+
+// Partitions lists the time partitions of the table, oldest first.
+func (p *PurgeSession) Partitions(ctx context.Context) ([]Partition, error) {
+	if err := p.partitioned(); err != nil {
+		return nil, err
+	}
+	rows, err := p.conn.QueryContext(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)`, p.s.table.quoted('"'))
+	if err != nil {
+		return nil, p.fail(ctx, "listing the partitions of", err)
+	}
+	defer rows.Close()
+	var out []Partition
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		if part, ok := parsePartition(p.s.table, name); ok {
+			out = append(out, part)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b Partition) int { return a.From.Compare(b.From) })
+	return out, nil
+}
+
+// CreatePartitions creates the partition of the current period (by the
+// database clock) and of the next ahead periods, skipping those that exist,
+// and returns those it created. A period whose rows already went to the
+// default partition cannot get its own partition; it is returned in blocked
+// and its rows are purged from the default partition by row deletes.
+// lockTimeout bounds the wait for the table lock the DDL needs: claims
+// queue behind that wait.
+func (p *PurgeSession) CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (created, blocked []Partition, err error) {
+	existing, err := p.Partitions(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	now, err := p.dbTime(ctx, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range ahead + 1 {
+		part := partitionFor(p.s.table, p.s.config.Partitioning, now, i)
+		if slices.ContainsFunc(existing, func(e Partition) bool { return e.From.Before(part.To) && part.From.Before(e.To) }) {
+			continue
+		}
+		stmt := fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
+			tableName{schema: p.s.table.schema, name: part.Name}.quoted('"'), p.s.table.quoted('"'),
+			part.From.Format(pgTimestamp), part.To.Format(pgTimestamp))
+		switch err := p.ddl(ctx, stmt, lockTimeout); pgCode(err) {
+		case "":
+			created = append(created, part)
+		case "23514": // check_violation: the default partition holds rows of this range
+			blocked = append(blocked, part)
+		case "42P07": // duplicate_table: another session created it meanwhile
+		default:
+			return created, blocked, p.fail(ctx, "creating partition "+part.Name+" of", err)
+		}
+	}
+	return created, blocked, nil
+}
+
+const pgTimestamp = "2006-01-02 15:04:05Z07:00"
+
+// ExpiredPartitions returns the partitions whose every row is older than
+// olderThan by the database clock, oldest first.
+func (p *PurgeSession) ExpiredPartitions(ctx context.Context, olderThan time.Duration) ([]Partition, error) {
+	parts, err := p.Partitions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cutoff, err := p.dbTime(ctx, olderThan)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(parts, func(part Partition) bool { return part.To.After(cutoff) }), nil
+}
+
+// DropPartition drops one partition with all its rows. It needs a brief
+// exclusive lock on the table (PostgreSQL cannot detach concurrently while a
+// default partition exists); lockTimeout bounds the wait for it, since
+// claims queue behind that wait.
+func (p *PurgeSession) DropPartition(ctx context.Context, part Partition, lockTimeout time.Duration) error {
+	if err := p.partitioned(); err != nil {
+		return err
+	}
+	if _, ok := parsePartition(p.s.table, part.Name); !ok {
+		return fmt.Errorf("sqlinbox: %q is not a time partition of %s", part.Name, p.s.table)
+	}
+	stmt := `DROP TABLE IF EXISTS ` + tableName{schema: p.s.table.schema, name: part.Name}.quoted('"')
+	if err := p.ddl(ctx, stmt, lockTimeout); err != nil {
+		return p.fail(ctx, "dropping partition "+part.Name+" of", err)
+	}
+	return nil
+}
+
+// CountPartition returns, per consumer, the rows of one partition.
+func (p *PurgeSession) CountPartition(ctx context.Context, part Partition) (map[string]int64, error) {
+	if _, ok := parsePartition(p.s.table, part.Name); !ok {
+		return nil, fmt.Errorf("sqlinbox: %q is not a time partition of %s", part.Name, p.s.table)
+	}
+	rows, err := p.conn.QueryContext(ctx, `SELECT consumer, count(*) FROM `+tableName{schema: p.s.table.schema, name: part.Name}.quoted('"')+` GROUP BY consumer`)
+	if err != nil {
+		return nil, p.fail(ctx, "counting rows of partition "+part.Name+" of", err)
+	}
+	return scanCounts(rows)
+}
+
+// ddl runs one DDL statement in its own transaction with a lock timeout.
+func (p *PurgeSession) ddl(ctx context.Context, stmt string, lockTimeout time.Duration) error {
+	tx, err := p.conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	if lockTimeout > 0 {
+		ms := strconv.FormatInt(max(lockTimeout.Milliseconds(), 1), 10)
+		if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, ms); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, stmt); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// dbTime returns the database clock minus ago, in UTC.
+func (p *PurgeSession) dbTime(ctx context.Context, ago time.Duration) (time.Time, error) {
+	var at time.Time
+	if err := p.conn.QueryRowContext(ctx, `SELECT now() - $1::float8 * interval '1 microsecond'`, ago.Microseconds()).Scan(&at); err != nil {
+		return time.Time{}, p.fail(ctx, "reading the clock of", err)
+	}
+	return at.UTC(), nil
+}

@@ -1,0 +1,49 @@
+package sqlinbox
+
+import (
+	"fmt"
+	"time"
+)
+
+var _ purgeDialect = postgresql{}
+
+func (postgresql) purgeQueries(t tableName, c Config) purgeQueries {
+	// In partitioned mode whole partitions are dropped; rows are deleted
+	// only from the default partition, which catches what no time
+	// partition covers.
+	table := t.quoted('"')
+	if c.Partitioning != NoPartitioning {
+		table = t.derived(defaultPartitionSuffix).quoted('"')
+	}
+	dollar := func(n int) string { return fmt.Sprintf("$%d", n) }
+	// The cutoff is computed from the database clock; now() is the start of
+	// the batch's own transaction.
+	const expired = `processed_at < now() - $1::float8 * interval '1 microsecond'`
+	return purgeQueries{
+		// A session-level lock on the purge's dedicated connection, held
+		// for the whole round. The two-int4 form lives in a lock space of
+		// its own, apart from the claims' bigint advisory locks.
+		tryLock:    `SELECT pg_try_advisory_lock(hashtext('watermill_inbox purge'), hashtext($1))::int`,
+		unlock:     `SELECT pg_advisory_unlock(hashtext('watermill_inbox purge'), hashtext($1))`,
+		setTimeout: `SELECT set_config('statement_timeout', $1, true)`,
+		deleteBatch: func(s scopeShape, _ time.Duration) string {
+			// The inner SELECT walks the processed_at index from the oldest
+			// row and stops after $n rows, so each batch costs the same
+			// however large the table is; ctid deletes exactly those
+			// tuples (a TID scan, no second index lookup).
+			return fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM %[1]s
+	WHERE %[2]s%[3]s
+	ORDER BY processed_at
+	LIMIT $%[4]d))`, table, expired, scopeFilter(s, dollar, 2), 2+s.params())
+		},
+		countExpired: func(s scopeShape) string {
+			return fmt.Sprintf(`SELECT consumer, count(*) FROM %s WHERE %s%s GROUP BY consumer`,
+				table, expired, scopeFilter(s, dollar, 2))
+		},
+	}
+}
+
+func (postgresql) statementTimedOut(err error) bool {
+	return pgCode(err) == "57014" // query_canceled, here by statement_timeout
+}
