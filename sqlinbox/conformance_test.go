@@ -3,6 +3,7 @@ package sqlinbox_test
 import (
 	"database/sql"
 	"testing"
+	"time"
 
 	"github.com/watermill-inbox/inbox/internal/conformance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
@@ -16,6 +17,21 @@ func TestConformance(t *testing.T) {
 	for _, target := range []conformance.Target{
 		postgresTarget("PostgreSQL/lib-pq", "postgres"),
 		postgresTarget("PostgreSQL/pgx-stdlib", "pgx"),
+		{
+			Name:             "MySQL/go-sql-driver",
+			Dialect:          sqlinbox.MySQL,
+			Open:             testdb.MySQL,
+			Placeholder:      conformance.Question,
+			ClaimTimeout:     true,
+			ClaimTimeoutUnit: time.Second,
+			TextColumn:       "VARBINARY(255)",
+		},
+		{
+			Name:        "SQLite/modernc",
+			Dialect:     sqlinbox.SQLite,
+			Open:        testdb.SQLite,
+			Placeholder: conformance.Question,
+		},
 	} {
 		t.Run(target.Name, func(t *testing.T) {
 			t.Parallel()

@@ -39,6 +39,9 @@ type queries struct {
 	// verify checks, once per Store before the first claim, that the
 	// connection settings let claim report affected rows exactly.
 	verify func(ctx context.Context, db *sql.DB, q queries) error
+	// configErr, when set, is why the dialect cannot honour the Config; New
+	// returns it.
+	configErr error
 }
 
 // sqlState is implemented by PostgreSQL driver errors (lib/pq's *pq.Error and

@@ -97,12 +97,16 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	if err := checkPartitioning(config); err != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
+	q := config.Dialect.queries(t, config)
+	if q.configErr != nil {
+		return nil, fmt.Errorf("sqlinbox: invalid config: %w", q.configErr)
+	}
 	return &Store{
 		db:      db,
 		dialect: config.Dialect,
 		table:   t,
 		config:  config,
-		q:       config.Dialect.queries(t, config),
+		q:       q,
 	}, nil
 }
 

@@ -42,6 +42,10 @@ type Target struct {
 	// ClaimTimeoutUnit is the smallest timeout the database honours
 	// (MySQL's innodb_lock_wait_timeout counts whole seconds).
 	ClaimTimeoutUnit time.Duration
+	// TextColumn is the SQL type of the business table's text columns. It
+	// must compare bytes exactly, like the inbox, or the effect counts would
+	// merge "Case" and "case". Defaults to VARCHAR(255).
+	TextColumn string
 }
 
 // Dollar renders PostgreSQL placeholders.
@@ -109,7 +113,11 @@ func setup(t *testing.T, target Target, mutate ...func(*sqlinbox.Config)) *bundl
 	t.Cleanup(func() { _ = store.Close() })
 
 	effects := testdb.Table(t, db, "effects")
-	_, err = db.Exec(fmt.Sprintf(`CREATE TABLE %s (consumer VARCHAR(255) NOT NULL, event_id VARCHAR(255) NOT NULL)`, effects))
+	text := target.TextColumn
+	if text == "" {
+		text = "VARCHAR(255)"
+	}
+	_, err = db.Exec(fmt.Sprintf(`CREATE TABLE %s (consumer %s NOT NULL, event_id %s NOT NULL)`, effects, text, text))
 	require.NoError(t, err)
 	return &bundle{target: target, db: db, store: store, effects: effects, attempts: map[string]int{}}
 }

@@ -9,11 +9,17 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"os"
+	"path/filepath"
+	"sync"
 	"testing"
 
+	_ "github.com/go-sql-driver/mysql" // registers "mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	_ "github.com/lib/pq"              // registers "postgres"
 	"github.com/stretchr/testify/require"
+	_ "modernc.org/sqlite" // registers "sqlite"
+
+	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 // PostgresDSN is the PostgreSQL URL tests use: INBOX_TEST_POSTGRES_DSN, or a
@@ -57,4 +63,50 @@ func Table(t testing.TB, db *sql.DB, prefix string) string {
 	name := Name(prefix)
 	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + name) })
 	return name
+}
+
+// MySQLDSN is the MySQL/MariaDB DSN tests use: INBOX_TEST_MYSQL_DSN, or a
+// local server with root and an empty password and a "test" database.
+func MySQLDSN() string {
+	if dsn := os.Getenv("INBOX_TEST_MYSQL_DSN"); dsn != "" {
+		return dsn
+	}
+	return "root@tcp(127.0.0.1:3306)/test"
+}
+
+// MySQL opens the test MySQL/MariaDB through go-sql-driver/mysql.
+func MySQL(t testing.TB) *sql.DB {
+	return Open(t, "mysql", MySQLDSN())
+}
+
+var (
+	sqliteMu    sync.Mutex
+	sqliteFiles = map[testing.TB]string{}
+)
+
+// SQLiteFile returns the SQLite database file of test t, in t.TempDir(): the
+// same file for every call within one test, so several pools can share it
+// like several processes would.
+func SQLiteFile(t testing.TB) string {
+	t.Helper()
+	sqliteMu.Lock()
+	defer sqliteMu.Unlock()
+	if path, ok := sqliteFiles[t]; ok {
+		return path
+	}
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	sqliteFiles[t] = path
+	t.Cleanup(func() {
+		sqliteMu.Lock()
+		delete(sqliteFiles, t)
+		sqliteMu.Unlock()
+	})
+	return path
+}
+
+// SQLite opens test t's SQLite file through modernc.org/sqlite with the
+// settings sqlinbox recommends (sqlinbox.SQLiteDSN).
+func SQLite(t testing.TB) *sql.DB {
+	t.Helper()
+	return Open(t, "sqlite", sqlinbox.SQLiteDSN(SQLiteFile(t)))
 }

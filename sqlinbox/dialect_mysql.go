@@ -1,0 +1,160 @@
+package sqlinbox
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	inbox "github.com/watermill-inbox/inbox"
+)
+
+// MySQL is the dialect for MySQL 8 and MariaDB 10.11 and later, through
+// github.com/go-sql-driver/mysql.
+//
+// The DSN must not set clientFoundRows=true: it makes a duplicate report one
+// affected row, like a new claim, and the store refuses to claim on such a
+// connection. Config.ClaimTimeout needs MariaDB (see there); on MySQL 8,
+// bound every lock wait of the connection with the DSN parameter
+// innodb_lock_wait_timeout=N instead, whose expiry also surfaces as
+// inbox.ErrInFlight.
+var MySQL Dialect = mysqlDialect{}
+
+type mysqlDialect struct{}
+
+func (mysqlDialect) String() string { return "mysql" }
+
+// ErrClientFoundRows is returned by the first claim on a MySQL connection
+// opened with clientFoundRows=true, where a duplicate cannot be told from a
+// new claim.
+var ErrClientFoundRows = errors.New("sqlinbox: the MySQL connection reports found rows instead of affected rows (DSN option clientFoundRows=true), so a duplicate looks like a new claim; remove clientFoundRows from the DSN")
+
+// ErrClaimTimeoutUnsupported is returned by the first claim when
+// Config.ClaimTimeout is set and the database cannot bound a single
+// statement's lock wait (MySQL 8, unlike MariaDB).
+var ErrClaimTimeoutUnsupported = errors.New("sqlinbox: ClaimTimeout is not supported by this database")
+
+func (mysqlDialect) queries(t tableName, c Config) queries {
+	table := t.quoted('`')
+	// VARBINARY compares bytes: a case-insensitive or PAD SPACE collation
+	// would make "Case" and "case", or "a" and "a ", one event. It also keeps
+	// the key independent of the connection's character set.
+	idType, idValue := "VARBINARY(255)", "?"
+	if c.UUIDEventIDs {
+		// CheckEventID hands over the canonical 36-character form.
+		idType, idValue = "BINARY(16)", "UNHEX(REPLACE(?, '-', ''))"
+	}
+	q := queries{
+		schema: []string{
+			// DDL commits implicitly in MySQL, so there is no transaction to
+			// share; CREATE TABLE IF NOT EXISTS with the index inside it is
+			// one atomic statement, safe to race (the metadata lock
+			// serialises concurrent calls).
+			//
+			// processed_at is UTC from the database clock, as DATETIME(6):
+			// TIMESTAMP would stop in 2038 and DATETIME with NOW() would
+			// follow each session's time_zone. Compare it with
+			// UTC_TIMESTAMP(6).
+			fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n"+
+				"\tconsumer     VARBINARY(255) NOT NULL,\n"+
+				"\tevent_id     %s NOT NULL,\n"+
+				"\tprocessed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n"+
+				"\tPRIMARY KEY (consumer, event_id),\n"+
+				"\tKEY %s (processed_at)\n"+
+				") ENGINE=InnoDB",
+				table, idType, quoteName(t.name+"_processed_at_idx", '`')),
+		},
+		// Not INSERT IGNORE: it turns every error (truncation, a bad value)
+		// into a warning and zero rows, which would ack a message as a
+		// duplicate. ON DUPLICATE KEY UPDATE with a no-op assignment fails
+		// only on real errors and reports 1 row for an insert, 0 for an
+		// unchanged existing row. A copy of the event still inside another
+		// transaction makes it wait for that row's lock.
+		claim: fmt.Sprintf("INSERT INTO %s (consumer, event_id) VALUES (?, %s) ON DUPLICATE KEY UPDATE consumer = consumer", table, idValue),
+	}
+	if c.ClaimTimeout > 0 {
+		// innodb_lock_wait_timeout counts whole seconds; round up. MariaDB's
+		// SET STATEMENT scopes it to this statement, so the handler's own
+		// statements keep the server's setting.
+		secs := int64((c.ClaimTimeout + time.Second - 1) / time.Second)
+		q.claim = fmt.Sprintf("SET STATEMENT innodb_lock_wait_timeout=%d FOR %s", secs, q.claim)
+	}
+	q.verify = func(ctx context.Context, db *sql.DB, q queries) error {
+		if c.ClaimTimeout > 0 {
+			var version string
+			if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+				return fmt.Errorf("sqlinbox: checking the server version: %w", err)
+			}
+			if !strings.Contains(strings.ToLower(version), "mariadb") {
+				return fmt.Errorf("%w: server %s cannot scope innodb_lock_wait_timeout to one statement (MariaDB's SET STATEMENT); leave ClaimTimeout at 0 and set innodb_lock_wait_timeout=N in the DSN", ErrClaimTimeoutUnsupported, version)
+			}
+		}
+		return verifyAffectedRows(ctx, db, q, c.UUIDEventIDs)
+	}
+	return q
+}
+
+// verifyAffectedRows claims one probe key twice in a transaction it rolls
+// back: the second claim must report 0 rows. With clientFoundRows=true it
+// reports 1 and every duplicate would run the handler again.
+func verifyAffectedRows(ctx context.Context, db *sql.DB, q queries, uuidIDs bool) error {
+	// A random id keeps concurrent probes from waiting on each other; the
+	// NUL in the consumer keeps the probe apart from every valid consumer.
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	id := fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	if !uuidIDs {
+		id = "probe-" + id
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlinbox: checking affected-rows reporting: %w", MySQL.classify(err))
+	}
+	defer tx.Rollback() //nolint:errcheck // the probe never commits
+	for i, want := range []int64{1, 0} {
+		res, err := tx.ExecContext(ctx, q.claim, "\x00sqlinbox-probe", id)
+		if err != nil {
+			return fmt.Errorf("sqlinbox: checking affected-rows reporting: %w", MySQL.classify(err))
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return fmt.Errorf("sqlinbox: checking affected-rows reporting: %w", err)
+		}
+		if n != want {
+			if i == 1 && n == 1 {
+				return ErrClientFoundRows
+			}
+			return fmt.Errorf("sqlinbox: probe claim %d affected %d rows, want %d", i+1, n, want)
+		}
+	}
+	return nil
+}
+
+// MySQL and MariaDB error numbers.
+const (
+	mysqlLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
+	mysqlDeadlock        = 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back
+	mysqlNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
+)
+
+func (mysqlDialect) classify(err error) error {
+	var e *mysql.MySQLError
+	if !errors.As(err, &e) {
+		return err
+	}
+	switch e.Number {
+	case mysqlLockWaitTimeout, mysqlDeadlock:
+		// A deadlock on the claim, the transaction's first statement, can
+		// only involve other claims of the same key range: retrying later
+		// is the whole remedy.
+		return fmt.Errorf("%w: %w", inbox.ErrInFlight, err)
+	case mysqlNoSuchTable:
+		return fmt.Errorf("inbox table does not exist, run Store.CreateSchema or apply Store.SchemaSQL: %w", err)
+	}
+	return err
+}
