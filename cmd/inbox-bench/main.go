@@ -1,0 +1,341 @@
+// Command inbox-bench measures what the inbox costs, side by side in one
+// process: the same handler and business write (one row in its own
+// transaction) bare, behind the inbox, fed duplicates, and behind Watermill's
+// in-memory Deduplicator, for each driver and concurrency, in interleaved
+// rounds so that the ratios compare runs made under the same load.
+//
+//	go run ./cmd/inbox-bench                               # every driver, c=1,8,32, empty inbox
+//	go run ./cmd/inbox-bench -prefill 10000000             # also against an inbox holding 10M claims
+//	go run ./cmd/inbox-bench -drivers pgx -c 8 -duration 5s -rounds 5
+//
+// Per driver it prints first the cost of one message, measured one at a
+// time: round trips on the wire, WAL bytes (PostgreSQL; the smallest of
+// several samples, since the server's WAL counts every session) and heap
+// allocations in this process. Then, per concurrency, msgs/s, p50/p99
+// latency and the ratio to the bare handler (median of the per-round
+// ratios).
+//
+// The Deduplicator is a reference point, not an alternative: it remembers
+// ids in memory for a minute, so it forgets them on restart and across
+// instances, and it marks a message as seen before the handler runs, so a
+// handler error followed by a redelivery drops the message.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/bench"
+)
+
+type options struct {
+	drivers  string
+	dsn      string
+	conc     []int
+	duration time.Duration
+	rounds   int
+	prefill  int64
+	sample   int
+	dupIDs   int
+	modes    string
+	out      io.Writer
+}
+
+func main() {
+	var o options
+	var conc string
+	flag.StringVar(&o.drivers, "drivers", "all", "comma-separated drivers: "+driverNames()+", or all")
+	flag.StringVar(&o.dsn, "dsn", defaultDSN(), "PostgreSQL URL (default: $INBOX_BENCH_POSTGRES_DSN, $INBOX_TEST_POSTGRES_DSN, or the local test database)")
+	flag.StringVar(&conc, "c", "1,8,32", "comma-separated concurrencies (workers and pool size)")
+	flag.DurationVar(&o.duration, "duration", 2*time.Second, "length of one measured run of one mode")
+	flag.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per concurrency")
+	flag.Int64Var(&o.prefill, "prefill", 0, "also run against an inbox already holding this many claims (kept between runs as inbox_bench_prefill_N)")
+	flag.IntVar(&o.sample, "sample", 500, "messages per sample of the one-at-a-time cost pass")
+	flag.IntVar(&o.dupIDs, "dup-ids", 1000, "distinct events redelivered by the duplicates mode")
+	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
+	flag.Parse()
+	for _, s := range strings.Split(conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "inbox-bench: -c: %q is not a positive number\n", s)
+			os.Exit(2)
+		}
+		o.conc = append(o.conc, n)
+	}
+	o.out = os.Stdout
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "inbox-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func defaultDSN() string {
+	for _, k := range []string{"INBOX_BENCH_POSTGRES_DSN", "INBOX_TEST_POSTGRES_DSN"} {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+func driverNames() string {
+	names := make([]string, len(bench.Drivers))
+	for i, d := range bench.Drivers {
+		names[i] = strings.TrimPrefix(d.Name, "postgresql/")
+	}
+	return strings.Join(names, ", ")
+}
+
+// mode is one way of handling the stream of messages.
+type mode struct {
+	name string
+	h    message.HandlerFunc
+	msgs bench.Messages
+}
+
+func run(ctx context.Context, o options) error {
+	drivers, err := bench.FindDrivers(o.drivers)
+	if err != nil {
+		return err
+	}
+	admin, err := bench.OpenPostgres(ctx, o.dsn)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+
+	full := ""
+	if o.prefill > 0 {
+		full = fmt.Sprintf("inbox_bench_prefill_%d", o.prefill)
+		fmt.Fprintf(o.out, "prefilling %s with %d claims (once; the table is kept for later runs)\n", full, o.prefill)
+		last := time.Now()
+		err := admin.Prefill(ctx, full, o.prefill, func(done int64) {
+			if time.Since(last) > 10*time.Second {
+				fmt.Fprintf(o.out, "  %d rows\n", done)
+				last = time.Now()
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("prefilling %s: %w", full, err)
+		}
+	}
+
+	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: one row, no index, own transaction\n",
+		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration)
+	fmt.Fprintln(o.out, "dedup = watermill middleware.Deduplicator: in memory, not durable, drops the redelivery of a message whose handler failed")
+	for _, d := range drivers {
+		if err := runDriver(ctx, o, admin, d, full); err != nil {
+			return fmt.Errorf("%s: %w", d.Name, err)
+		}
+	}
+	return nil
+}
+
+func runDriver(ctx context.Context, o options, admin *bench.Postgres, d bench.Driver, full string) error {
+	effects, empty := bench.Name("inbox_bench_effects"), bench.Name("inbox_bench")
+	defer func() { _ = admin.Drop(context.WithoutCancel(ctx), effects, empty) }()
+	if err := admin.CreateEffects(ctx, effects); err != nil {
+		return err
+	}
+	if err := admin.CreateInbox(ctx, empty); err != nil {
+		return err
+	}
+	var rt bench.RoundTrips
+	conn, err := d.Open(ctx, o.dsn, slices.Max(o.conc), &rt)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+
+	inboxH, err := conn.Inbox(empty, effects)
+	if err != nil {
+		return err
+	}
+	dupIDs := make([]string, o.dupIDs)
+	for i := range dupIDs {
+		dupIDs[i] = bench.Name("dup")
+	}
+	dedup := &middleware.Deduplicator{KeyFactory: middleware.MessageHasher(inbox.DefaultEventID)}
+	modes := []mode{
+		{"bare", conn.Bare(effects), bench.NewMessages()},
+		{"inbox", inboxH, bench.NewMessages()},
+		{"dup", inboxH, bench.Duplicates(dupIDs)},
+		{"dedup", dedup.Middleware(conn.Bare(effects)), bench.NewMessages()},
+	}
+	if full != "" {
+		fullH, err := conn.Inbox(full, effects)
+		if err != nil {
+			return err
+		}
+		modes = append(modes,
+			mode{"inbox-full", fullH, bench.NewMessages()},
+			mode{"dup-full", fullH, bench.PrefilledDuplicates(o.prefill)})
+	}
+	modes, err = selectModes(modes, o.modes)
+	if err != nil {
+		return err
+	}
+	reset := func() error {
+		if err := admin.Truncate(ctx, effects, empty); err != nil {
+			return err
+		}
+		i := 0
+		return bench.RunN(inboxH, len(dupIDs), func(int) *message.Message {
+			i++
+			return message.NewMessage(dupIDs[i-1], nil)
+		})
+	}
+	if err := reset(); err != nil {
+		return err
+	}
+
+	fmt.Fprintf(o.out, "\n== %s\n", d.Name)
+	if err := costs(ctx, o, admin, &rt, modes); err != nil {
+		return err
+	}
+	for _, c := range o.conc {
+		if err := reset(); err != nil {
+			return err
+		}
+		if err := throughput(ctx, o, c, modes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func selectModes(all []mode, list string) ([]mode, error) {
+	if list == "all" {
+		return all, nil
+	}
+	var out []mode
+	for _, name := range strings.Split(list, ",") {
+		i := slices.IndexFunc(all, func(m mode) bool { return m.name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown or unavailable mode %q", name)
+		}
+		out = append(out, all[i])
+	}
+	if out[0].name != "bare" {
+		return nil, errors.New("-modes must start with bare, the baseline of every ratio")
+	}
+	return out, nil
+}
+
+// costs measures one message at a time: round trips and allocations are
+// exact averages; WAL is the smallest of three samples, because other
+// sessions on the server write WAL too.
+func costs(ctx context.Context, o options, admin *bench.Postgres, rt *bench.RoundTrips, modes []mode) error {
+	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "one at a time\tround trips/msg\tWAL bytes/msg\tallocs/msg\t")
+	for _, m := range modes {
+		if err := bench.RunN(m.h, min(o.sample, 50), m.msgs); err != nil { // warm: prepare statements
+			return fmt.Errorf("%s: %w", m.name, err)
+		}
+		var trips, wal, allocs float64 = 0, -1, -1
+		for s := range 3 {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			mallocs := ms.Mallocs
+			lsn0, err := admin.WALPosition(ctx)
+			if err != nil {
+				return err
+			}
+			rt0 := rt.Count()
+			if err := bench.RunN(m.h, o.sample, m.msgs); err != nil {
+				return fmt.Errorf("%s: %w", m.name, err)
+			}
+			rt1 := rt.Count()
+			lsn1, err := admin.WALPosition(ctx)
+			if err != nil {
+				return err
+			}
+			runtime.ReadMemStats(&ms)
+			n := float64(o.sample)
+			if s == 0 {
+				trips = float64(rt1-rt0) / n
+			}
+			if w := float64(lsn1-lsn0) / n; wal < 0 || w < wal {
+				wal = w
+			}
+			if a := float64(ms.Mallocs-mallocs) / n; allocs < 0 || a < allocs {
+				allocs = a
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.0f\t%.0f\t\n", m.name, trips, wal, allocs)
+	}
+	return tw.Flush()
+}
+
+func throughput(ctx context.Context, o options, c int, modes []mode) error {
+	for _, m := range modes { // warm every connection of the pool
+		if r := bench.Run(ctx, m.h, c, min(o.duration, 200*time.Millisecond), m.msgs); r.FirstErr != nil {
+			return fmt.Errorf("%s: %w", m.name, r.FirstErr)
+		}
+	}
+	results := make([]bench.Result, len(modes))
+	ratios := make([][]float64, len(modes))
+	for round := range o.rounds {
+		order := make([]int, len(modes))
+		for i := range order {
+			order[i] = i
+		}
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		rates := make([]float64, len(modes))
+		for _, i := range order {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r := bench.Run(ctx, modes[i].h, c, o.duration, modes[i].msgs)
+			rates[i] = r.Rate()
+			results[i] = results[i].Merge(r)
+		}
+		for i := range modes {
+			ratios[i] = append(ratios[i], rates[i]/rates[0])
+		}
+	}
+	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "c=%d\tmsgs/s\tp50\tp99\tratio\terrors\t\n", c)
+	for i, m := range modes {
+		r := results[i]
+		errs := ""
+		if r.Errors > 0 {
+			errs = fmt.Sprintf("%d (%v)", r.Errors, r.FirstErr)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%.2f\t%s\t\n", m.name, r.Rate(), ms(r.Percentile(0.5)), ms(r.Percentile(0.99)), median(ratios[i]), errs)
+	}
+	return tw.Flush()
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}

@@ -1,0 +1,140 @@
+package bench_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/bench"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+)
+
+// fixture is one driver's pool with an empty inbox, a business table and a
+// set of events already claimed.
+type fixture struct {
+	rt    bench.RoundTrips
+	bare  message.HandlerFunc
+	inbox message.HandlerFunc
+	dups  []string
+}
+
+func setup(tb testing.TB, d bench.Driver, conns int) *fixture {
+	tb.Helper()
+	ctx := context.Background()
+	admin, err := bench.OpenPostgres(ctx, testdb.PostgresDSN())
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = admin.Close() })
+	effects, table := bench.Name("inbox_bench_effects"), bench.Name("inbox_bench")
+	tb.Cleanup(func() { _ = admin.Drop(ctx, effects, table) })
+	require.NoError(tb, admin.CreateEffects(ctx, effects))
+	require.NoError(tb, admin.CreateInbox(ctx, table))
+
+	f := &fixture{}
+	conn, err := d.Open(ctx, testdb.PostgresDSN(), conns, &f.rt)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = conn.Close() })
+	f.bare = conn.Bare(effects)
+	f.inbox, err = conn.Inbox(table, effects)
+	require.NoError(tb, err)
+	for range 100 {
+		f.dups = append(f.dups, bench.Name("dup"))
+	}
+	// Claims the duplicates' events and prepares every statement.
+	require.NoError(tb, bench.RunN(f.inbox, len(f.dups), sequence(f.dups)))
+	require.NoError(tb, bench.RunN(f.bare, 10, bench.NewMessages()))
+	return f
+}
+
+func sequence(ids []string) bench.Messages {
+	i := 0
+	return func(int) *message.Message {
+		i++
+		return message.NewMessage(ids[(i-1)%len(ids)], nil)
+	}
+}
+
+// BenchmarkHandler is the hot path, one message at a time on one
+// connection: the bare handler (its row in its own transaction), the same
+// behind the inbox, and duplicates through the inbox. Run with -benchmem;
+// roundtrips/op is counted on the wire.
+//
+//	go test -run '^$' -bench Handler -benchmem ./internal/bench/
+func BenchmarkHandler(b *testing.B) {
+	for _, d := range bench.Drivers {
+		b.Run(d.Name, func(b *testing.B) {
+			f := setup(b, d, 1)
+			for _, m := range []struct {
+				name string
+				h    message.HandlerFunc
+				msgs bench.Messages
+			}{
+				{"bare", f.bare, bench.NewMessages()},
+				{"inbox", f.inbox, bench.NewMessages()},
+				{"duplicate", f.inbox, bench.Duplicates(f.dups)},
+			} {
+				b.Run(m.name, func(b *testing.B) {
+					b.ReportAllocs()
+					rt0 := f.rt.Count()
+					for b.Loop() {
+						if _, err := m.h(m.msgs(0)); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(float64(f.rt.Count()-rt0)/float64(b.N), "roundtrips/op")
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkInboxOverBare alternates a bare message and an inbox message in
+// every iteration, so both see the same load, and reports the inbox's time
+// as a multiple of the bare handler's (inbox/bare; 1.0 is free).
+func BenchmarkInboxOverBare(b *testing.B) {
+	for _, d := range bench.Drivers {
+		b.Run(d.Name, func(b *testing.B) {
+			f := setup(b, d, 1)
+			next := bench.NewMessages()
+			var bare, inbox time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				if _, err := f.bare(next(0)); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if _, err := f.inbox(next(0)); err != nil {
+					b.Fatal(err)
+				}
+				bare += t1.Sub(t0)
+				inbox += time.Since(t1)
+			}
+			b.ReportMetric(float64(inbox)/float64(bare), "inbox/bare")
+		})
+	}
+}
+
+// The counter sees the round trips the bare handler must make on every
+// driver: BEGIN, the INSERT, COMMIT, plus one when the driver prepares
+// each parameterised statement separately (lib/pq without
+// binary_parameters). The inbox then adds at most one.
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	for _, d := range bench.Drivers {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, d, 1)
+			per := func(h message.HandlerFunc, msgs bench.Messages) float64 {
+				rt0 := f.rt.Count()
+				require.NoError(t, bench.RunN(h, 20, msgs))
+				return float64(f.rt.Count()-rt0) / 20
+			}
+			bare := per(f.bare, bench.NewMessages())
+			require.GreaterOrEqual(t, bare, 3.0)
+			require.LessOrEqual(t, per(f.inbox, bench.NewMessages()), bare+1)
+			require.LessOrEqual(t, per(f.inbox, bench.Duplicates(f.dups)), 3.0)
+		})
+	}
+}

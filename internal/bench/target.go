@@ -1,0 +1,155 @@
+// Package bench is the workload shared by cmd/inbox-bench and the go test
+// benchmarks: the same business write with and without the inbox, on every
+// driver, with round trips counted on the wire.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// Consumer is the consumer name every benchmark claims under.
+const Consumer = "bench"
+
+// Driver opens one way of reaching a database.
+type Driver struct {
+	// Name is "dialect/driver", as printed.
+	Name string
+	// Open connects with at most maxConns connections, counting round trips
+	// on rt.
+	Open func(ctx context.Context, dsn string, maxConns int, rt *RoundTrips) (Conn, error)
+}
+
+// Conn is an open pool of one driver.
+type Conn interface {
+	// Bare handles a message without the inbox: its business row written to
+	// effects in a transaction of its own, as a handler would.
+	Bare(effects string) message.HandlerFunc
+	// Inbox returns the handler behind the inbox middleware on inbox table
+	// table: the same business row, written in the inbox transaction.
+	Inbox(table, effects string) (message.HandlerFunc, error)
+	Close() error
+}
+
+// Drivers lists every driver the benchmark knows, by name.
+var Drivers = []Driver{
+	{Name: "postgresql/lib-pq", Open: openLibPQ},
+	{Name: "postgresql/pgx-stdlib", Open: openPgxStdlib},
+}
+
+// FindDrivers returns the drivers named in the comma-separated list ("all"
+// for every one).
+func FindDrivers(list string) ([]Driver, error) {
+	if list == "all" {
+		return Drivers, nil
+	}
+	var out []Driver
+	for _, name := range strings.Split(list, ",") {
+		found := false
+		for _, d := range Drivers {
+			if d.Name == name || strings.TrimPrefix(d.Name, "postgresql/") == name {
+				out = append(out, d)
+				found = true
+			}
+		}
+		if !found {
+			names := make([]string, len(Drivers))
+			for i, d := range Drivers {
+				names[i] = d.Name
+			}
+			sort.Strings(names)
+			return nil, fmt.Errorf("unknown driver %q (known: %s)", name, strings.Join(names, ", "))
+		}
+	}
+	return out, nil
+}
+
+func openLibPQ(_ context.Context, dsn string, maxConns int, rt *RoundTrips) (Conn, error) {
+	c, err := pq.NewConnector(dsn)
+	if err != nil {
+		return nil, err
+	}
+	c.Dialer(rt)
+	return newSQLConn(sql.OpenDB(c), maxConns), nil
+}
+
+func openPgxStdlib(_ context.Context, dsn string, maxConns int, rt *RoundTrips) (Conn, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.DialFunc = rt.DialContext
+	return newSQLConn(stdlib.OpenDB(*cfg), maxConns), nil
+}
+
+// sqlConn is a database/sql pool.
+type sqlConn struct{ db *sql.DB }
+
+func newSQLConn(db *sql.DB, maxConns int) *sqlConn {
+	// database/sql keeps 2 idle connections by default: every worker beyond
+	// that would reconnect per message.
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	return &sqlConn{db: db}
+}
+
+func (c *sqlConn) Bare(effects string) message.HandlerFunc {
+	insert := insertEffect(effects)
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		tx, err := c.db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.ExecContext(ctx, insert, msg.UUID); err != nil {
+			_ = tx.Rollback()
+			return nil, err
+		}
+		return nil, tx.Commit()
+	}
+}
+
+func (c *sqlConn) Inbox(table, effects string) (message.HandlerFunc, error) {
+	store, err := sqlinbox.New(c.db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table})
+	if err != nil {
+		return nil, err
+	}
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: Consumer})
+	if err != nil {
+		return nil, err
+	}
+	insert := insertEffect(effects)
+	return mw(func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		tx, _ := inbox.TxFromContext(ctx)
+		_, err := tx.ExecContext(ctx, insert, msg.UUID)
+		return nil, err
+	}), nil
+}
+
+func (c *sqlConn) Close() error { return c.db.Close() }
+
+// insertEffect is the smallest business write: one row, no index.
+func insertEffect(effects string) string {
+	return `INSERT INTO ` + effects + ` (event_id) VALUES ($1)`
+}
+
+// Name returns a fresh table name starting with prefix.
+func Name(prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
