@@ -451,6 +451,32 @@ func testClaimTimeout(t *testing.T, target Target) {
 	_, err = call(mw, b.handler(nil), newMsg("x"))
 	require.NoError(t, err)
 	require.Equal(t, 1, b.effectCounts(t)["c/x"])
+
+	// The timeout bounds the claim only: a handler statement that waits
+	// longer than it for another transaction's lock still succeeds.
+	release, first = holdClaim(t, b, mw, "y")
+	waiting := make(chan struct{})
+	handled := make(chan error, 1)
+	rollback := errors.New("roll the direct insert back")
+	go func() {
+		_, err := call(b.middleware(t, inbox.Config{Consumer: "other"}), func(msg *message.Message) ([]*message.Message, error) {
+			tx, _ := inbox.TxFromContext(msg.Context())
+			close(waiting)
+			// Blocks on the lock of the held claim of c/y.
+			if _, err := tx.ExecContext(msg.Context(), fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES (%s, %s)`,
+				b.store.Table(), target.Placeholder(1), target.Placeholder(2)), "c", "y"); err != nil {
+				return nil, err
+			}
+			return nil, rollback
+		}, newMsg("z"))
+		handled <- err
+	}()
+	<-waiting
+	time.Sleep(2 * timeout)
+	boom := errors.New("boom")
+	release(boom)
+	require.ErrorIs(t, <-first, boom)
+	require.ErrorIs(t, <-handled, rollback, "the handler's statement must outlive the claim timeout")
 }
 
 // AfterCommit hooks run after the commit, in order, and never for a failed

@@ -1,0 +1,196 @@
+package sqlinbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+func sqliteDSN(path string, pragmas url.Values) string {
+	return "file:" + path + "?" + pragmas.Encode()
+}
+
+// Several routers, each with its own pool (as separate processes would
+// have), share one SQLite file and receive every copy of every event at the
+// same moment. Whatever the lock settings, "database is locked" may only
+// ever be a retry: each event has exactly one effect, and every failed
+// attempt says ErrInFlight.
+func TestSQLiteRoutersShareOneFile(t *testing.T) {
+	t.Parallel()
+	for name, pragmas := range map[string]url.Values{
+		// What SQLiteDSN sets, with a busy timeout short enough that the
+		// routers keep running into each other's write lock.
+		"WAL, BEGIN IMMEDIATE": {"_pragma": {"busy_timeout(1)", "journal_mode(WAL)"}, "_txlock": {"immediate"}},
+		// Default transactions: the claim, a write, is the first statement,
+		// so the lock is taken there.
+		"WAL, deferred": {"_pragma": {"busy_timeout(1)", "journal_mode(WAL)"}},
+		// Rollback journal: COMMIT may also have to wait.
+		"rollback journal, deferred": {"_pragma": {"busy_timeout(1)", "journal_mode(DELETE)"}},
+		"no busy timeout":            {"_pragma": {"journal_mode(WAL)"}, "_txlock": {"immediate"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dsn := sqliteDSN(testdb.SQLiteFile(t), pragmas)
+			db := testdb.Open(t, "sqlite", dsn)
+			store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+			require.NoError(t, err)
+			require.NoError(t, store.CreateSchema(context.Background()))
+			_, err = db.Exec(`CREATE TABLE effects (event_id TEXT NOT NULL)`)
+			require.NoError(t, err)
+
+			ps := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
+			var calls, inFlight atomic.Int64
+			var mu sync.Mutex
+			var otherErrs []error
+			const routers = 4
+			for i := range routers {
+				pool := testdb.Open(t, "sqlite", dsn)
+				s, err := sqlinbox.New(pool, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+				require.NoError(t, err)
+				mw, err := inbox.NewMiddleware(inbox.Config{Store: s, Consumer: "billing"})
+				require.NoError(t, err)
+				r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+				require.NoError(t, err)
+				r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+					return func(msg *message.Message) ([]*message.Message, error) {
+						out, err := h(msg)
+						if err != nil {
+							if errors.Is(err, inbox.ErrInFlight) {
+								inFlight.Add(1)
+							} else {
+								mu.Lock()
+								otherErrs = append(otherErrs, err)
+								mu.Unlock()
+							}
+						}
+						return out, err
+					}
+				}, mw)
+				r.AddConsumerHandler(fmt.Sprintf("router-%d", i), "events", ps, message.NoPublishHandlerFunc(func(msg *message.Message) error {
+					calls.Add(1)
+					tx, _ := inbox.TxFromContext(msg.Context())
+					id, _, _ := inbox.EventIDFromContext(msg.Context())
+					_, err := tx.ExecContext(msg.Context(), `INSERT INTO effects (event_id) VALUES (?)`, id)
+					time.Sleep(time.Millisecond) // hold the write lock a little
+					return err
+				}))
+				go func() { _ = r.Run(context.Background()) }()
+				t.Cleanup(func() { _ = r.Close() })
+				<-r.Running()
+			}
+
+			const events, copies = 15, 2
+			var wg sync.WaitGroup
+			for e := range events {
+				for range copies {
+					wg.Go(func() {
+						msg := message.NewMessage(watermill.NewUUID(), nil)
+						msg.Metadata.Set(inbox.DefaultEventIDMetadataKey, fmt.Sprintf("ev-%d", e))
+						require.NoError(t, ps.Publish("events", msg))
+					})
+				}
+			}
+			wg.Wait()
+
+			rows, err := db.Query(`SELECT event_id, COUNT(*) FROM effects GROUP BY event_id`)
+			require.NoError(t, err)
+			defer rows.Close()
+			effects := map[string]int{}
+			for rows.Next() {
+				var id string
+				var n int
+				require.NoError(t, rows.Scan(&id, &n))
+				effects[id] = n
+			}
+			require.NoError(t, rows.Err())
+			want := map[string]int{}
+			for e := range events {
+				want[fmt.Sprintf("ev-%d", e)] = 1
+			}
+			require.Equal(t, want, effects)
+			var claims int
+			require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM `+store.Table()).Scan(&claims))
+			require.Equal(t, events, claims)
+			require.Empty(t, otherErrs, "every failed attempt must be a retryable ErrInFlight")
+			t.Logf("%d deliveries, %d handler calls, %d attempts nacked with ErrInFlight", events*copies*routers, calls.Load(), inFlight.Load())
+		})
+	}
+}
+
+// While one transaction holds the write lock, a claim on another connection
+// waits busy_timeout and then fails with ErrInFlight, having written
+// nothing; once the first commits, the same claim is a duplicate.
+func TestSQLiteBusyTimeoutIsInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := testdb.SQLiteFile(t)
+	first, err := sqlinbox.New(testdb.SQLite(t), sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	require.NoError(t, err)
+	require.NoError(t, first.CreateSchema(ctx))
+	impatient := testdb.Open(t, "sqlite", sqliteDSN(path, url.Values{
+		"_pragma": {"busy_timeout(50)", "journal_mode(WAL)"}, "_txlock": {"immediate"},
+	}))
+	second, err := sqlinbox.New(impatient, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	require.NoError(t, err)
+
+	tx, claimed, err := first.Claim(ctx, nil, "c", "x")
+	require.NoError(t, err)
+	require.True(t, claimed)
+	for _, id := range []string{"x", "another event"} {
+		_, _, err = second.Claim(ctx, nil, "c", id)
+		require.ErrorIs(t, err, inbox.ErrInFlight, "one writer at a time: %s waits for the whole database", id)
+	}
+	require.NoError(t, tx.Commit())
+
+	_, claimed, err = second.Claim(ctx, nil, "c", "x")
+	require.NoError(t, err)
+	require.False(t, claimed)
+	var n int
+	require.NoError(t, impatient.QueryRow(`SELECT COUNT(*) FROM `+second.Table()).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+// ClaimTimeout cannot apply to a lock that covers the whole database; the
+// busy timeout does that job, and New says so.
+func TestSQLiteRefusesClaimTimeout(t *testing.T) {
+	t.Parallel()
+	_, err := sqlinbox.New(testdb.SQLite(t), sqlinbox.Config{Dialect: sqlinbox.SQLite, ClaimTimeout: time.Second})
+	require.ErrorContains(t, err, "busy_timeout")
+}
+
+// processed_at is the database clock in UTC, as text that sorts in time
+// order, for the purge to compare.
+func TestSQLiteProcessedAtIsSortableUTC(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.SQLite(t)
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(ctx))
+	before := time.Now().UTC().Truncate(time.Millisecond)
+	tx, claimed, err := store.Claim(ctx, nil, "c", "x")
+	require.NoError(t, err)
+	require.True(t, claimed)
+	require.NoError(t, tx.Commit())
+	after := time.Now().UTC()
+
+	var raw string
+	require.NoError(t, db.QueryRow(`SELECT processed_at FROM `+store.Table()).Scan(&raw))
+	at, err := time.Parse("2006-01-02T15:04:05.000Z", raw)
+	require.NoError(t, err, raw)
+	require.False(t, at.Before(before) || at.After(after), "%s not within [%s, %s]", at, before, after)
+}
