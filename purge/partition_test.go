@@ -1,0 +1,108 @@
+package purge_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/purge"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+var postgres = targets()[0]
+
+func partitions(t *testing.T, store *sqlinbox.Store) []string {
+	t.Helper()
+	sess, ok, err := store.BeginPurge(context.Background())
+	require.NoError(t, err)
+	require.True(t, ok)
+	defer sess.Close() //nolint:errcheck // read only
+	parts, err := sess.Partitions(context.Background())
+	require.NoError(t, err)
+	names := []string{}
+	for _, p := range parts {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+// dbDay returns the UTC day of the database clock minus ago.
+func dbDay(t *testing.T, db *sql.DB, ago time.Duration) time.Time {
+	t.Helper()
+	var at time.Time
+	require.NoError(t, db.QueryRow(`SELECT date_trunc('day', (now() - $1::float8 * interval '1 microsecond') AT TIME ZONE 'UTC')`, ago.Microseconds()).Scan(&at))
+	return at
+}
+
+// oldPartition creates a daily partition in the past, as an earlier round
+// would have.
+func oldPartition(t *testing.T, db *sql.DB, table string, ago time.Duration) string {
+	t.Helper()
+	from := dbDay(t, db, ago)
+	name := table + "_p" + from.Format("20060102")
+	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s+00') TO ('%s+00')`,
+		name, table, from.Format(time.DateTime), from.AddDate(0, 0, 1).Format(time.DateTime)))
+	require.NoError(t, err)
+	return name
+}
+
+// On a partitioned table a round creates the coming partitions, drops the
+// wholly expired ones and deletes expired rows from the default partition;
+// partitions holding unexpired rows stay.
+func TestPartitionsCreatedAndDropped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, postgres, func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Daily })
+	p10 := oldPartition(t, b.db, b.table, 10*day)
+	p5 := oldPartition(t, b.db, b.table, 5*day)
+	p2 := oldPartition(t, b.db, b.table, 2*day)
+	b.seed(t, "billing", "d10-", 100, 10*day)
+	b.seed(t, "mailer", "d10-", 20, 10*day)
+	b.seed(t, "billing", "d5-", 50, 5*day)
+	b.seed(t, "billing", "d2-", 30, 2*day)
+	b.seed(t, "billing", "d20-", 7, 20*day)  // no partition: default
+	b.seed(t, "billing", "h1-", 3, time.Hour) // today, not created yet: default
+	require.Equal(t, []string{p10, p5, p2}, partitions(t, b.store))
+
+	logs := watermill.NewCaptureLogger()
+	p := b.purger(t, purge.Config{Retention: 3 * day, PartitionsAhead: 2, Logger: logs})
+	counts, err := p.DryRun(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{"billing": 157, "mailer": 20}, counts)
+	require.Len(t, partitions(t, b.store), 3, "a dry run changes nothing")
+
+	deleted, err := p.PurgeOnce(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 177, deleted)
+	require.Equal(t, map[string]int64{"billing": 33}, b.rows(t))
+	tomorrow := b.table + "_p" + dbDay(t, b.db, -day).Format("20060102")
+	after := b.table + "_p" + dbDay(t, b.db, -2*day).Format("20060102")
+	// Today's rows already sit in the default partition, so today cannot
+	// get a partition of its own; tomorrow and after can.
+	require.Equal(t, []string{p2, tomorrow, after}, partitions(t, b.store))
+	require.True(t, logs.Has(watermill.CapturedMessage{Level: watermill.InfoLogLevel, Msg: "Inbox partition not created: its rows are already in the default partition, which row deletes purge",
+		Fields: watermill.LogFields{"table": b.table, "partition": b.table + "_p" + dbDay(t, b.db, 0).Format("20060102")}}))
+
+	// The next round has nothing to do.
+	deleted, err = p.PurgeOnce(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, deleted)
+	require.Equal(t, []string{p2, tomorrow, after}, partitions(t, b.store))
+}
+
+// Monthly partitions are named by month and start with the current one.
+func TestMonthlyPartitions(t *testing.T) {
+	t.Parallel()
+	b := setup(t, postgres, func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Monthly })
+	p := b.purger(t, purge.Config{Retention: 60 * day, PartitionsAhead: 1})
+	_, err := p.PurgeOnce(context.Background())
+	require.NoError(t, err)
+	now := dbDay(t, b.db, 0)
+	require.Equal(t, []string{b.table + "_p" + now.Format("200601"), b.table + "_p" + now.AddDate(0, 1, 1-now.Day()).Format("200601")}, partitions(t, b.store))
+	require.True(t, b.claim(t, "billing", "ev-1"))
+	require.False(t, b.claim(t, "billing", "ev-1"))
+}

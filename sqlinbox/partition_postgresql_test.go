@@ -1,0 +1,178 @@
+package sqlinbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+func partitionedStore(t *testing.T, driver string, mode sqlinbox.Partitioning) (*sql.DB, *sqlinbox.Store, string) {
+	t.Helper()
+	db := testdb.Postgres(t, driver)
+	table := testdb.Table(t, db, "inbox_part")
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: mode})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(context.Background()))
+	t.Cleanup(func() { _ = store.Close() })
+	return db, store, table
+}
+
+// createPartition makes the daily partition holding the database's now()
+// minus ago, as the purge would have made it back then.
+func createPartition(t *testing.T, db *sql.DB, table string, ago time.Duration) string {
+	t.Helper()
+	var from time.Time
+	require.NoError(t, db.QueryRow(`SELECT date_trunc('day', (now() - $1::float8 * interval '1 microsecond') AT TIME ZONE 'UTC')`, ago.Microseconds()).Scan(&from))
+	name := table + "_p" + from.Format("20060102")
+	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s+00') TO ('%s+00')`,
+		name, table, from.Format(time.DateTime), from.AddDate(0, 0, 1).Format(time.DateTime)))
+	require.NoError(t, err)
+	return name
+}
+
+// partitionOf returns the partition holding (consumer, eventID).
+func partitionOf(t *testing.T, db *sql.DB, table, consumer, eventID string) string {
+	t.Helper()
+	var name string
+	require.NoError(t, db.QueryRow(fmt.Sprintf(`SELECT tableoid::regclass::text FROM %s WHERE consumer = $1 AND event_id = $2`, table), consumer, eventID).Scan(&name))
+	return name
+}
+
+func claim(t *testing.T, store *sqlinbox.Store, consumer, eventID string) bool {
+	t.Helper()
+	tx, ok, err := store.Claim(context.Background(), nil, consumer, eventID)
+	require.NoError(t, err)
+	if ok {
+		require.NoError(t, tx.Commit())
+	}
+	return ok
+}
+
+// The primary key of a partitioned table includes processed_at, so it cannot
+// see a duplicate whose original lives in another partition. The claim must
+// still find it: claim an event, move its row across the partition
+// boundary (as time passing would), deliver it again.
+func TestPartitionedDuplicateAcrossPartitions(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"pgx", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			db, store, table := partitionedStore(t, driver, sqlinbox.Daily)
+			sess, ok, err := store.BeginPurge(context.Background())
+			require.NoError(t, err)
+			require.True(t, ok)
+			created, _, err := sess.CreatePartitions(context.Background(), 1, time.Second)
+			require.NoError(t, err)
+			require.Len(t, created, 2)
+			require.NoError(t, sess.Close())
+			today := table + "_p" + created[0].From.Format("20060102")
+			old := createPartition(t, db, table, 5*24*time.Hour)
+
+			require.True(t, claim(t, store, "billing", "ev-1"))
+			require.Equal(t, today, partitionOf(t, db, table, "billing", "ev-1"))
+			require.False(t, claim(t, store, "billing", "ev-1"), "same partition")
+
+			// Five days pass: the row now sits in an older partition, and a
+			// new claim would land in today's.
+			_, err = db.Exec(fmt.Sprintf(`UPDATE %s SET processed_at = processed_at - interval '5 days' WHERE event_id = 'ev-1'`, table))
+			require.NoError(t, err)
+			require.Equal(t, old, partitionOf(t, db, table, "billing", "ev-1"))
+			require.False(t, claim(t, store, "billing", "ev-1"), "a duplicate whose original is in another partition must be detected")
+			require.True(t, claim(t, store, "other-consumer", "ev-1"))
+
+			// An original that went to the default partition is found too.
+			_, err = db.Exec(fmt.Sprintf(`INSERT INTO %s (consumer, event_id, processed_at) VALUES ('billing', 'ev-2', now() - interval '40 days')`, table))
+			require.NoError(t, err)
+			require.Equal(t, table+"_default", partitionOf(t, db, table, "billing", "ev-2"))
+			require.False(t, claim(t, store, "billing", "ev-2"))
+
+			var n int
+			require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table).Scan(&n))
+			require.Equal(t, 3, n)
+		})
+	}
+}
+
+// Racing deliveries of one event on a partitioned table: one winner, even
+// though the key cannot arbitrate (every claim's processed_at differs).
+func TestPartitionedRacingClaimsOneWinner(t *testing.T) {
+	t.Parallel()
+	db, store, table := partitionedStore(t, "pgx", sqlinbox.Daily)
+	const events, racers = 5, 12
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners = map[string]int{}
+		start   = make(chan struct{})
+	)
+	for e := range events {
+		id := fmt.Sprintf("ev-%d", e)
+		for range racers {
+			wg.Go(func() {
+				<-start
+				tx, ok, err := store.Claim(context.Background(), nil, "billing", id)
+				if !ok || err != nil {
+					require.NoError(t, err)
+					return
+				}
+				// Hold the claim while the others arrive and wait.
+				time.Sleep(30 * time.Millisecond)
+				require.NoError(t, tx.Commit())
+				mu.Lock()
+				winners[id]++
+				mu.Unlock()
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	for e := range events {
+		require.Equal(t, 1, winners[fmt.Sprintf("ev-%d", e)])
+	}
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table).Scan(&n))
+	require.Equal(t, events, n)
+}
+
+// A snapshot taken before the wait for the event's lock could miss the claim
+// it waited for, so partitioned claims refuse REPEATABLE READ.
+func TestPartitionedNeedsReadCommitted(t *testing.T) {
+	t.Parallel()
+	_, store, _ := partitionedStore(t, "pgx", sqlinbox.Monthly)
+	_, ok, err := store.Claim(context.Background(), &sql.TxOptions{Isolation: sql.LevelRepeatableRead}, "billing", "ev-1")
+	require.ErrorContains(t, err, "needs READ COMMITTED")
+	require.False(t, ok)
+	require.True(t, claim(t, store, "billing", "ev-1"))
+}
+
+// A store whose Partitioning does not match the table refuses to claim: the
+// plain claim on a partitioned table would let cross-partition duplicates
+// through.
+func TestPartitioningMustMatchTheTable(t *testing.T) {
+	t.Parallel()
+	db, _, table := partitionedStore(t, "pgx", sqlinbox.Daily)
+	plain, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table})
+	require.NoError(t, err)
+	_, _, err = plain.Claim(context.Background(), nil, "billing", "ev-1")
+	require.ErrorContains(t, err, "is partitioned but Config.Partitioning is none")
+
+	plainTable := testdb.Table(t, db, "inbox_plain")
+	plainStore, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: plainTable})
+	require.NoError(t, err)
+	require.NoError(t, plainStore.CreateSchema(context.Background()))
+	wrong, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: plainTable, Partitioning: sqlinbox.Monthly})
+	require.NoError(t, err)
+	_, _, err = wrong.Claim(context.Background(), nil, "billing", "ev-1")
+	require.ErrorContains(t, err, "is not partitioned")
+
+	_, err = sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Partitioning: 7})
+	require.ErrorContains(t, err, "Partitioning: unknown value 7")
+}
