@@ -5,15 +5,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/engine"
 )
 
 // MaxConsumerLength is the longest consumer name accepted, in bytes.
-const MaxConsumerLength = 255
+const MaxConsumerLength = engine.MaxConsumerLength
 
 // Config configures NewMiddleware.
 type Config struct {
@@ -46,6 +46,10 @@ type Config struct {
 	// Defaults to nil (the router publishes them).
 	ProducedPublisher func(tx *sql.Tx) (message.Publisher, error)
 
+	// Observer, when set, is told about every message (outcome, timings),
+	// for metrics and tracing. Defaults to nil.
+	Observer Observer
+
 	// Logger receives a debug line per duplicate and errors from AfterCommit
 	// hooks. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -65,35 +69,11 @@ func (c Config) validate() error {
 		return errors.New("Store is required")
 	}
 	if c.Consumer != "" {
-		if err := validateConsumer(c.Consumer); err != nil {
+		if err := engine.ValidateConsumer(c.Consumer); err != nil {
 			return fmt.Errorf("Consumer: %w", err)
 		}
 	}
 	return nil
-}
-
-// validateConsumer keeps consumer names readable in the table and in logs.
-func validateConsumer(name string) error {
-	if name == "" {
-		return ErrNoConsumer
-	}
-	if len(name) > MaxConsumerLength {
-		return fmt.Errorf("consumer name is %d bytes, at most %d allowed: %s", len(name), MaxConsumerLength, truncate(name))
-	}
-	if !utf8.ValidString(name) {
-		return fmt.Errorf("consumer name is not valid UTF-8: %s", truncate(name))
-	}
-	for _, r := range name {
-		if !unicode.IsPrint(r) {
-			return fmt.Errorf("consumer name contains a non-printable character %U: %s", r, truncate(name))
-		}
-	}
-	return nil
-}
-
-type middleware struct {
-	Config
-	checker EventIDChecker
 }
 
 // NewMiddleware returns the inbox middleware: each message is claimed in the
@@ -106,122 +86,36 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("inbox: invalid config: %w", err)
 	}
-	m := &middleware{Config: config}
-	m.checker, _ = config.Store.(EventIDChecker)
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			return m.handle(h, msg)
-		}
-	}, nil
+	e := &engine.Engine[*sql.Tx]{
+		Consumer: config.Consumer,
+		EventID:  config.EventID,
+		Claim: func(ctx context.Context, consumer, eventID string) (*sql.Tx, bool, error) {
+			return config.Store.Claim(ctx, config.TxOptions, consumer, eventID)
+		},
+		Commit:    func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
+		Rollback:  func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
+		Publisher: config.ProducedPublisher,
+		Observe:   observe(config.Observer),
+		Logger:    config.Logger,
+	}
+	if checker, ok := config.Store.(EventIDChecker); ok {
+		e.CheckEventID = checker.CheckEventID
+	}
+	return e.Middleware, nil
 }
 
-func (m *middleware) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	ctx := msg.Context()
-	consumer, err := m.consumer(ctx)
-	if err != nil {
-		return nil, err
+// observe adapts o to the middleware engine; nil stays nil, so that
+// messages cost nothing extra without an observer.
+func observe(o Observer) func(context.Context) (context.Context, func(engine.Observation)) {
+	if o == nil {
+		return nil
 	}
-	eventID, err := m.eventID(msg)
-	if err != nil {
-		return nil, err
-	}
-
-	tx, claimed, err := m.Store.Claim(ctx, m.TxOptions, consumer, eventID)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: claiming event %s for consumer %q: %w", truncate(eventID), consumer, err)
-	}
-	if !claimed {
-		m.Logger.Debug("Inbox: duplicate skipped", watermill.LogFields{
-			"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
-		})
-		return nil, nil
-	}
-
-	s := &session{tx: tx, consumer: consumer, eventID: eventID}
-	msg.SetContext(withSession(ctx, s))
-	defer msg.SetContext(ctx)
-	committed := false
-	defer func() {
-		// Also runs while a handler panic unwinds: the claim disappears
-		// with the handler's writes and the panic goes on to Recoverer.
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
-
-	produced, err := h(msg)
-	if err != nil {
-		return nil, err
-	}
-	if m.ProducedPublisher != nil && len(produced) > 0 {
-		if err := m.publishInTx(ctx, tx, produced); err != nil {
-			return nil, err
-		}
-		produced = nil
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", truncate(eventID), consumer, err)
-	}
-	committed = true
-	m.runHooks(ctx, s)
-	return produced, nil
-}
-
-func (m *middleware) consumer(ctx context.Context) (string, error) {
-	if m.Consumer != "" {
-		return m.Consumer, nil
-	}
-	name := message.HandlerNameFromCtx(ctx)
-	if name == "" {
-		return "", ErrNoConsumer
-	}
-	if err := validateConsumer(name); err != nil {
-		return "", fmt.Errorf("inbox: handler name cannot be the consumer (set inbox.Config.Consumer): %w", err)
-	}
-	return name, nil
-}
-
-func (m *middleware) eventID(msg *message.Message) (string, error) {
-	id, err := m.EventID(msg)
-	if err != nil {
-		if !errors.Is(err, ErrMissingEventID) && !errors.Is(err, ErrInvalidEventID) {
-			err = fmt.Errorf("%w: %w", ErrMissingEventID, err)
-		}
-		return "", err
-	}
-	if err := ValidateEventID(id); err != nil {
-		return "", err
-	}
-	if m.checker != nil {
-		return m.checker.CheckEventID(id)
-	}
-	return id, nil
-}
-
-func (m *middleware) publishInTx(ctx context.Context, tx *sql.Tx, produced []*message.Message) error {
-	topic := message.PublishTopicFromCtx(ctx)
-	if topic == "" {
-		return errors.New("inbox: handler returned messages but has no publish topic; add the handler with router.AddHandler, not AddConsumerHandler")
-	}
-	pub, err := m.ProducedPublisher(tx)
-	if err != nil {
-		return fmt.Errorf("inbox: building the in-transaction publisher: %w", err)
-	}
-	if err := pub.Publish(topic, produced...); err != nil {
-		return fmt.Errorf("inbox: publishing produced messages in the transaction: %w", err)
-	}
-	return nil
-}
-
-func (m *middleware) runHooks(ctx context.Context, s *session) {
-	s.mu.Lock()
-	hooks := s.hooks
-	s.mu.Unlock()
-	ctx = context.WithoutCancel(ctx)
-	for _, fn := range hooks {
-		if err := fn(ctx); err != nil {
-			m.Logger.Error("Inbox: after-commit hook failed; its effect is lost for this event", err, watermill.LogFields{
-				"consumer": s.consumer, "event_id": s.eventID,
+	return func(ctx context.Context) (context.Context, func(engine.Observation)) {
+		ctx, done := o.Start(ctx)
+		return ctx, func(ob engine.Observation) {
+			done(Observation{
+				Consumer: ob.Consumer, EventID: ob.EventID, Outcome: Outcome(ob.Outcome), Err: ob.Err,
+				Start: ob.Start, ClaimStart: ob.ClaimStart, ClaimDuration: ob.ClaimDuration, Duration: ob.Duration,
 			})
 		}
 	}

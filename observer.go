@@ -1,0 +1,78 @@
+package inbox
+
+import (
+	"context"
+	"time"
+)
+
+// Outcome is what happened to one message in the middleware.
+type Outcome string
+
+// The outcomes an Observer sees. Every message ends in exactly one.
+const (
+	// OutcomeProcessed: the handler ran and its transaction committed.
+	OutcomeProcessed Outcome = "processed"
+	// OutcomeDuplicate: the event was already committed; the handler was
+	// not called and the message is acked.
+	OutcomeDuplicate Outcome = "duplicate"
+	// OutcomeMissingID and OutcomeInvalidID: the message was refused before
+	// any SQL (ErrMissingEventID, ErrInvalidEventID, ErrNoConsumer).
+	OutcomeMissingID Outcome = "missing_id"
+	OutcomeInvalidID Outcome = "invalid_id"
+	// OutcomeInFlight: another copy of the event held the claim longer than
+	// the store's claim timeout (ErrInFlight); the message is retried.
+	OutcomeInFlight Outcome = "in_flight"
+	// OutcomeClaimFailed: the claim could not be made (database down,
+	// table missing); nothing ran.
+	OutcomeClaimFailed Outcome = "claim_failed"
+	// OutcomeRolledBack: the handler returned an error, panicked, or the
+	// in-transaction publish failed; its writes and the claim rolled back.
+	OutcomeRolledBack Outcome = "rolled_back"
+	// OutcomeCommitFailed: COMMIT returned an error; the redelivery finds out
+	// whether it happened.
+	OutcomeCommitFailed Outcome = "commit_failed"
+)
+
+// Observation describes one message's passage through the middleware.
+type Observation struct {
+	Consumer string
+	EventID  string // "" when it could not be extracted
+	Outcome  Outcome
+	Err      error // nil for OutcomeProcessed and OutcomeDuplicate
+
+	// Start is when the message entered the middleware; ClaimStart and
+	// ClaimDuration time the BEGIN and claim (zero when no claim was made);
+	// Duration is the whole passage, handler and commit included.
+	Start         time.Time
+	ClaimStart    time.Time
+	ClaimDuration time.Duration
+	Duration      time.Duration
+}
+
+// Observer watches the middleware, for metrics and tracing without tying the
+// library to a metrics or tracing package (see the prommetrics and otelinbox
+// packages). Start is called when a message enters the middleware; the context
+// it returns becomes the message context for the handler (so a span started
+// there is the handler's parent), and done is called exactly once when the
+// message leaves, panics included. Both run on the message's goroutine and
+// must be cheap.
+type Observer interface {
+	Start(ctx context.Context) (context.Context, func(Observation))
+}
+
+// Observers combines several observers into one.
+func Observers(obs ...Observer) Observer { return observers(obs) }
+
+type observers []Observer
+
+func (os observers) Start(ctx context.Context) (context.Context, func(Observation)) {
+	dones := make([]func(Observation), len(os))
+	for i, o := range os {
+		ctx, dones[i] = o.Start(ctx)
+	}
+	return ctx, func(ob Observation) {
+		for i := len(dones) - 1; i >= 0; i-- {
+			dones[i](ob)
+		}
+	}
+}
