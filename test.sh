@@ -99,3 +99,7 @@ args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(./...)
 go vet ./... $(ls -d ./_examples/*/)
 go test -race -count=1 "${args[@]}"
+if [ $# -eq 0 ]; then
+	# The README's first command: it must keep working with no server at all.
+	go run ./_examples/quickstart >/dev/null
+fi
