@@ -3,52 +3,33 @@ package inbox
 import (
 	"context"
 	"database/sql"
-	"sync"
+
+	"github.com/watermill-inbox/inbox/internal/engine"
 )
-
-type ctxKey struct{}
-
-// session is what the middleware puts in the message context for the
-// duration of one handler call.
-type session struct {
-	tx       *sql.Tx
-	consumer string
-	eventID  string
-
-	mu    sync.Mutex
-	hooks []func(context.Context) error
-}
-
-func withSession(ctx context.Context, s *session) context.Context {
-	return context.WithValue(ctx, ctxKey{}, s)
-}
-
-func sessionFrom(ctx context.Context) *session {
-	s, _ := ctx.Value(ctxKey{}).(*session)
-	return s
-}
 
 // TxFromContext returns the transaction that holds the message's inbox claim.
 // Write the handler's effects through it: they commit together with the claim
 // or not at all. Call it with msg.Context() inside a handler behind the inbox
-// middleware; ok is false anywhere else. Do not commit or roll back the
-// transaction yourself, return an error from the handler instead.
+// middleware; ok is false anywhere else, and behind the native pgx middleware,
+// whose transaction pgxinbox.TxFromContext returns. Do not commit or roll back
+// the transaction yourself, return an error from the handler instead.
 func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
-	s := sessionFrom(ctx)
+	s := engine.SessionFrom(ctx)
 	if s == nil {
 		return nil, false
 	}
-	return s.tx, true
+	tx, ok = s.Tx.(*sql.Tx)
+	return tx, ok
 }
 
 // EventIDFromContext returns the event id and consumer of the message being
 // handled, as the inbox recorded them.
 func EventIDFromContext(ctx context.Context) (eventID, consumer string, ok bool) {
-	s := sessionFrom(ctx)
+	s := engine.SessionFrom(ctx)
 	if s == nil {
 		return "", "", false
 	}
-	return s.eventID, s.consumer, true
+	return s.EventID, s.Consumer, true
 }
 
 // AfterCommit registers fn to run after the inbox transaction commits, for an
@@ -61,12 +42,10 @@ func EventIDFromContext(ctx context.Context) (eventID, consumer string, ok bool)
 // transaction is committed. Hooks run in registration order, with the
 // message's context (cancellation removed).
 func AfterCommit(ctx context.Context, fn func(ctx context.Context) error) error {
-	s := sessionFrom(ctx)
+	s := engine.SessionFrom(ctx)
 	if s == nil {
 		return ErrNotInInbox
 	}
-	s.mu.Lock()
-	s.hooks = append(s.hooks, fn)
-	s.mu.Unlock()
+	s.AfterCommit(fn)
 	return nil
 }

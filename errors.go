@@ -1,6 +1,10 @@
 package inbox
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/watermill-inbox/inbox/internal/engine"
+)
 
 // Errors a caller can recognise with errors.Is. Each one means the handler did
 // not run and nothing was written, so the message is nacked and can be retried
@@ -9,25 +13,25 @@ var (
 	// ErrMissingEventID means the message carries no event id where the
 	// configured EventIDFunc looks for one. Redelivering it cannot help: route
 	// it to a poison queue and fix the producer.
-	ErrMissingEventID = errors.New("inbox: message has no event id")
+	ErrMissingEventID = engine.ErrMissingEventID
 
 	// ErrInvalidEventID means the event id is empty, longer than
 	// MaxEventIDLength bytes, not valid UTF-8, contains a NUL byte, or does
 	// not fit the store's column (for example not a UUID in UUID mode). The
 	// wrapping error quotes the offending id (truncated).
-	ErrInvalidEventID = errors.New("inbox: invalid event id")
+	ErrInvalidEventID = engine.ErrInvalidEventID
 
 	// ErrNoConsumer means neither Config.Consumer nor the Watermill handler
 	// name is set, so there is no key to scope the claim. Set Config.Consumer
 	// when the middleware runs outside a router handler.
-	ErrNoConsumer = errors.New("inbox: no consumer name (set inbox.Config.Consumer or run the middleware inside a router handler)")
+	ErrNoConsumer = engine.ErrNoConsumer
 
 	// ErrInFlight means another delivery of the same event is still inside
 	// its transaction and the store gave up waiting for it (see the store's
 	// claim timeout). The message is nacked and will be retried; by then the
 	// other copy has committed (this one becomes a duplicate) or rolled back
 	// (this one is processed).
-	ErrInFlight = errors.New("inbox: another delivery of this event is still being processed; retry later")
+	ErrInFlight = engine.ErrInFlight
 
 	// ErrNotInInbox is returned by AfterCommit when the context does not come
 	// from a message handled by the inbox middleware.

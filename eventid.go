@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/engine"
 )
 
 // DefaultEventIDMetadataKey is the metadata key DefaultEventID reads first.
@@ -15,7 +16,7 @@ const DefaultEventIDMetadataKey = "event_id"
 
 // MaxEventIDLength is the longest event id accepted, in bytes. It matches the
 // width of the inbox table's event_id column on every dialect.
-const MaxEventIDLength = 255
+const MaxEventIDLength = engine.MaxEventIDLength
 
 // EventIDFunc returns the stable id the producer gave an event. It must return
 // the same id for every delivery of the same event and never derive it from
@@ -89,25 +90,7 @@ func EventIDFromJSONField(field string) EventIDFunc {
 // MaxEventIDLength bytes, valid UTF-8, no NUL byte (PostgreSQL text cannot
 // hold one, and other databases would silently accept what PostgreSQL
 // rejects). The error wraps ErrInvalidEventID and quotes the id, truncated.
-func ValidateEventID(id string) error {
-	switch {
-	case id == "":
-		return fmt.Errorf("%w: empty", ErrInvalidEventID)
-	case len(id) > MaxEventIDLength:
-		return fmt.Errorf("%w: %d bytes, at most %d allowed: %s", ErrInvalidEventID, len(id), MaxEventIDLength, truncate(id))
-	case !utf8.ValidString(id):
-		return fmt.Errorf("%w: not valid UTF-8: %s", ErrInvalidEventID, truncate(id))
-	case strings.IndexByte(id, 0) >= 0:
-		return fmt.Errorf("%w: contains a NUL byte: %s", ErrInvalidEventID, truncate(id))
-	}
-	return nil
-}
+func ValidateEventID(id string) error { return engine.ValidateEventID(id) }
 
 // truncate quotes s for an error message, cut to a readable length.
-func truncate(s string) string {
-	const max = 64
-	if len(s) > max {
-		return fmt.Sprintf("%q...", s[:max])
-	}
-	return fmt.Sprintf("%q", s)
-}
+func truncate(s string) string { return engine.Quote(s) }

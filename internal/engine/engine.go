@@ -1,0 +1,332 @@
+// Package engine is the inbox middleware, written once for every kind of
+// transaction: package inbox runs it on database/sql's *sql.Tx, package
+// pgxinbox on pgx.Tx. What differs between them (how a claim opens its
+// transaction, how it commits) comes in as functions; everything the
+// guarantee rests on (consumer and event id checks, the duplicate path,
+// rollback on error or panic, after-commit hooks, the context handed to the
+// handler and restored afterwards) lives here.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Limits and sentinel errors; package inbox re-exports them with their
+// documentation.
+const (
+	MaxConsumerLength = 255
+	MaxEventIDLength  = 255
+)
+
+var (
+	ErrMissingEventID = errors.New("inbox: message has no event id")
+	ErrInvalidEventID = errors.New("inbox: invalid event id")
+	ErrNoConsumer     = errors.New("inbox: no consumer name (set inbox.Config.Consumer or run the middleware inside a router handler)")
+	ErrInFlight       = errors.New("inbox: another delivery of this event is still being processed; retry later")
+)
+
+// Outcomes, as inbox.Outcome values.
+const (
+	OutcomeProcessed    = "processed"
+	OutcomeDuplicate    = "duplicate"
+	OutcomeMissingID    = "missing_id"
+	OutcomeInvalidID    = "invalid_id"
+	OutcomeInFlight     = "in_flight"
+	OutcomeClaimFailed  = "claim_failed"
+	OutcomeRolledBack   = "rolled_back"
+	OutcomeCommitFailed = "commit_failed"
+)
+
+// Observation is inbox.Observation, with the outcome as a string.
+type Observation struct {
+	Consumer      string
+	EventID       string
+	Outcome       string
+	Err           error
+	Start         time.Time
+	ClaimStart    time.Time
+	ClaimDuration time.Duration
+	Duration      time.Duration
+}
+
+// errPanicked is the Err of the observation of a handler that panicked; the
+// panic itself goes on unchanged.
+var errPanicked = errors.New("inbox: handler panicked")
+
+// Engine is one configured inbox middleware for transactions of type T.
+type Engine[T any] struct {
+	// Consumer is the fixed consumer name, or "" for the handler name.
+	Consumer string
+	// EventID extracts the event id. Required.
+	EventID func(msg *message.Message) (string, error)
+	// CheckEventID, when set, refuses or canonicalises ids the store's
+	// column cannot hold.
+	CheckEventID func(id string) (string, error)
+	// Claim opens a transaction holding the claim, as inbox.Store.Claim.
+	Claim func(ctx context.Context, consumer, eventID string) (tx T, claimed bool, err error)
+	// Commit and Rollback end the transaction Claim opened.
+	Commit   func(ctx context.Context, tx T) error
+	Rollback func(ctx context.Context, tx T) error
+	// Publisher, when set, builds the publisher of the handler's produced
+	// messages inside tx.
+	Publisher func(tx T) (message.Publisher, error)
+	// Observe, when set, is called as a message enters: the context it
+	// returns is the handler's, and done is called once as it leaves,
+	// panics included.
+	Observe func(ctx context.Context) (context.Context, func(Observation))
+	Logger  watermill.LoggerAdapter
+}
+
+// Middleware wraps h.
+func (e *Engine[T]) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		return e.handle(h, msg)
+	}
+}
+
+func (e *Engine[T]) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	if e.Observe == nil {
+		return e.process(h, msg, nil)
+	}
+	ob := Observation{Start: time.Now()}
+	orig := msg.Context()
+	ctx, done := e.Observe(orig)
+	msg.SetContext(ctx)
+	defer msg.SetContext(orig)
+	finished := false
+	defer func() {
+		if !finished { // the handler panicked
+			ob.Outcome, ob.Err = OutcomeRolledBack, errPanicked
+			ob.Duration = time.Since(ob.Start)
+			done(ob)
+		}
+	}()
+	produced, err := e.process(h, msg, &ob)
+	finished = true
+	ob.Err = err
+	ob.Duration = time.Since(ob.Start)
+	done(ob)
+	return produced, err
+}
+
+// process is the inbox: claim, handler, commit. ob, when not nil, records
+// what happened.
+func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Observation) ([]*message.Message, error) {
+	var scratch Observation
+	if ob == nil {
+		ob = &scratch
+	}
+	ctx := msg.Context()
+	consumer, err := e.consumer(ctx)
+	if err != nil {
+		ob.Outcome = OutcomeMissingID
+		return nil, err
+	}
+	ob.Consumer = consumer
+	eventID, err := e.eventID(msg)
+	if err != nil {
+		ob.Outcome = OutcomeMissingID
+		if errors.Is(err, ErrInvalidEventID) {
+			ob.Outcome = OutcomeInvalidID
+		}
+		return nil, err
+	}
+	ob.EventID = eventID
+
+	if e.Observe != nil {
+		ob.ClaimStart = time.Now()
+	}
+	tx, claimed, err := e.Claim(ctx, consumer, eventID)
+	if e.Observe != nil {
+		ob.ClaimDuration = time.Since(ob.ClaimStart)
+	}
+	if err != nil {
+		ob.Outcome = OutcomeClaimFailed
+		if errors.Is(err, ErrInFlight) {
+			ob.Outcome = OutcomeInFlight
+		}
+		return nil, fmt.Errorf("inbox: claiming event %s for consumer %q: %w", Quote(eventID), consumer, err)
+	}
+	if !claimed {
+		ob.Outcome = OutcomeDuplicate
+		e.Logger.Debug("Inbox: duplicate skipped", watermill.LogFields{
+			"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
+		})
+		return nil, nil
+	}
+
+	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID}
+	msg.SetContext(context.WithValue(ctx, sessionKey{}, s))
+	defer msg.SetContext(ctx)
+	committed := false
+	defer func() {
+		// Also runs while a handler panic unwinds: the claim disappears
+		// with the handler's writes and the panic goes on to Recoverer.
+		// Without cancellation, so that a cancelled message still ends its
+		// transaction instead of leaving the connection to be discarded.
+		if !committed {
+			_ = e.Rollback(context.WithoutCancel(ctx), tx)
+		}
+	}()
+
+	ob.Outcome = OutcomeRolledBack
+	produced, err := h(msg)
+	if err != nil {
+		return nil, err
+	}
+	if e.Publisher != nil && len(produced) > 0 {
+		if err := e.publishInTx(ctx, tx, produced); err != nil {
+			return nil, err
+		}
+		produced = nil
+	}
+	if err := e.Commit(ctx, tx); err != nil {
+		ob.Outcome = OutcomeCommitFailed
+		return nil, fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", Quote(eventID), consumer, err)
+	}
+	committed = true
+	ob.Outcome = OutcomeProcessed
+	e.runHooks(ctx, s)
+	return produced, nil
+}
+
+func (e *Engine[T]) consumer(ctx context.Context) (string, error) {
+	if e.Consumer != "" {
+		return e.Consumer, nil
+	}
+	name := message.HandlerNameFromCtx(ctx)
+	if name == "" {
+		return "", ErrNoConsumer
+	}
+	if err := ValidateConsumer(name); err != nil {
+		return "", fmt.Errorf("inbox: handler name cannot be the consumer (set inbox.Config.Consumer): %w", err)
+	}
+	return name, nil
+}
+
+func (e *Engine[T]) eventID(msg *message.Message) (string, error) {
+	id, err := e.EventID(msg)
+	if err != nil {
+		if !errors.Is(err, ErrMissingEventID) && !errors.Is(err, ErrInvalidEventID) {
+			err = fmt.Errorf("%w: %w", ErrMissingEventID, err)
+		}
+		return "", err
+	}
+	if err := ValidateEventID(id); err != nil {
+		return "", err
+	}
+	if e.CheckEventID != nil {
+		return e.CheckEventID(id)
+	}
+	return id, nil
+}
+
+func (e *Engine[T]) publishInTx(ctx context.Context, tx T, produced []*message.Message) error {
+	topic := message.PublishTopicFromCtx(ctx)
+	if topic == "" {
+		return errors.New("inbox: handler returned messages but has no publish topic; add the handler with router.AddHandler, not AddConsumerHandler")
+	}
+	pub, err := e.Publisher(tx)
+	if err != nil {
+		return fmt.Errorf("inbox: building the in-transaction publisher: %w", err)
+	}
+	if err := pub.Publish(topic, produced...); err != nil {
+		return fmt.Errorf("inbox: publishing produced messages in the transaction: %w", err)
+	}
+	return nil
+}
+
+func (e *Engine[T]) runHooks(ctx context.Context, s *Session) {
+	s.mu.Lock()
+	hooks := s.hooks
+	s.mu.Unlock()
+	ctx = context.WithoutCancel(ctx)
+	for _, fn := range hooks {
+		if err := fn(ctx); err != nil {
+			e.Logger.Error("Inbox: after-commit hook failed; its effect is lost for this event", err, watermill.LogFields{
+				"consumer": s.Consumer, "event_id": s.EventID,
+			})
+		}
+	}
+}
+
+// Session is what the middleware puts in the message context for the
+// duration of one handler call.
+type Session struct {
+	// Tx is the claim's transaction: a *sql.Tx or a pgx.Tx.
+	Tx       any
+	Consumer string
+	EventID  string
+
+	mu    sync.Mutex
+	hooks []func(context.Context) error
+}
+
+type sessionKey struct{}
+
+// SessionFrom returns the session of the message whose context is ctx, or
+// nil outside an inbox transaction.
+func SessionFrom(ctx context.Context) *Session {
+	s, _ := ctx.Value(sessionKey{}).(*Session)
+	return s
+}
+
+// AfterCommit registers fn to run after the session's commit.
+func (s *Session) AfterCommit(fn func(context.Context) error) {
+	s.mu.Lock()
+	s.hooks = append(s.hooks, fn)
+	s.mu.Unlock()
+}
+
+// ValidateConsumer keeps consumer names readable in the table and in logs.
+func ValidateConsumer(name string) error {
+	if name == "" {
+		return ErrNoConsumer
+	}
+	if len(name) > MaxConsumerLength {
+		return fmt.Errorf("consumer name is %d bytes, at most %d allowed: %s", len(name), MaxConsumerLength, Quote(name))
+	}
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("consumer name is not valid UTF-8: %s", Quote(name))
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("consumer name contains a non-printable character %U: %s", r, Quote(name))
+		}
+	}
+	return nil
+}
+
+// ValidateEventID is inbox.ValidateEventID.
+func ValidateEventID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty", ErrInvalidEventID)
+	case len(id) > MaxEventIDLength:
+		return fmt.Errorf("%w: %d bytes, at most %d allowed: %s", ErrInvalidEventID, len(id), MaxEventIDLength, Quote(id))
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: not valid UTF-8: %s", ErrInvalidEventID, Quote(id))
+	case strings.IndexByte(id, 0) >= 0:
+		return fmt.Errorf("%w: contains a NUL byte: %s", ErrInvalidEventID, Quote(id))
+	}
+	return nil
+}
+
+// Quote quotes s for an error message, cut to a readable length.
+func Quote(s string) string {
+	const max = 64
+	if len(s) > max {
+		return fmt.Sprintf("%q...", s[:max])
+	}
+	return fmt.Sprintf("%q", s)
+}
