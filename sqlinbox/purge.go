@@ -60,6 +60,9 @@ type purgeQueries struct {
 	deleteBatch func(s scopeShape, timeout time.Duration) string
 	// countExpired returns (consumer, rows) for the expired rows of scope.
 	countExpired func(s scopeShape) string
+	// adapt, when set, adjusts the queries to the server behind the
+	// session's connection (MySQL or MariaDB), once per session.
+	adapt func(ctx context.Context, conn *sql.Conn, q *purgeQueries) error
 }
 
 // scopeShape is what of a PurgeScope changes the SQL text.
@@ -144,6 +147,12 @@ func (s *Store) BeginPurge(ctx context.Context) (*PurgeSession, bool, error) {
 		return nil, false, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
 	}
 	p := &PurgeSession{s: s, pd: pd, q: pd.purgeQueries(s.table, s.config), conn: conn, key: "watermill_inbox purge " + s.table.String()}
+	if p.q.adapt != nil {
+		if err := p.q.adapt(ctx, conn, &p.q); err != nil {
+			_ = conn.Close()
+			return nil, false, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
+		}
+	}
 	if p.q.tryLock == "" {
 		return p, true, nil
 	}
