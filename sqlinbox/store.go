@@ -41,10 +41,13 @@ type Config struct {
 	// holding the same (consumer, event id), that is a duplicate delivered
 	// while the first copy is still being handled. When it expires the claim
 	// fails with an error wrapping inbox.ErrInFlight and the message is
-	// retried later instead of holding a connection (PostgreSQL
-	// lock_timeout for the claim statement only; MySQL
-	// innodb_lock_wait_timeout, whole seconds). Defaults to 0: wait until the
-	// other transaction ends.
+	// retried later instead of holding a connection. Only the claim
+	// statement is bounded, never the handler's: PostgreSQL lock_timeout;
+	// MariaDB innodb_lock_wait_timeout through SET STATEMENT, whole seconds
+	// rounded up (MySQL 8 cannot scope it to a statement and the first claim
+	// fails with ErrClaimTimeoutUnsupported); SQLite refuses it in New, its
+	// DSN's busy_timeout is the bound. Defaults to 0: wait until the other
+	// transaction ends.
 	ClaimTimeout time.Duration
 
 	// Partitioning makes CreateSchema create a PostgreSQL table partitioned
