@@ -25,6 +25,10 @@ import (
 //   - _txlock=immediate: BEGIN takes the write lock, so the wait happens
 //     there, under busy_timeout, rather than as a lock upgrade later in the
 //     transaction, which SQLite fails at once.
+//
+// Use a file, even in tests (a temporary directory): an in-memory database
+// exists once per connection, so the pool's other connections would not see
+// the inbox table.
 var SQLite Dialect = sqlite{}
 
 type sqlite struct{}
