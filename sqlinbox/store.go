@@ -189,12 +189,8 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 	if err != nil {
 		return false, err
 	}
-	switch n {
-	case 0:
-		return false, nil
-	case 1:
-	default:
-		return false, fmt.Errorf("sqlinbox: claim affected %d rows, want 0 or 1; is %s really the inbox table?", n, s.table)
+	if claimed, err := s.claimed(n); !claimed {
+		return false, err
 	}
 	if s.q.afterClaim != "" {
 		if _, err := tx.ExecContext(ctx, s.q.afterClaim); err != nil {

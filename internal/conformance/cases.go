@@ -65,14 +65,12 @@ func testEventIDMetadataBeatsEnvelopeUUID(t *testing.T, target Target) {
 // of them.
 func testRacingRoutersOneWinner(t *testing.T, target Target) {
 	b := setup(t, target)
-	other := target.Open(t)
-	otherStore, err := sqlinbox.New(other, sqlinbox.Config{Dialect: target.Dialect, Table: b.store.Table()})
-	require.NoError(t, err)
 	ps := pubsub()
 	var processed atomic.Int64
-	for i, store := range []inbox.Store{b.store, otherStore} {
+	for i := range 2 {
+		mw, _ := b.freshMiddleware(t, inbox.Config{Consumer: "billing"})
 		runRouter(t, func(r *message.Router) {
-			r.AddMiddleware(b.middleware(t, inbox.Config{Store: store, Consumer: "billing"}))
+			r.AddMiddleware(mw)
 			r.AddConsumerHandler(fmt.Sprintf("router-%d", i), "events", ps, message.NoPublishHandlerFunc(func(msg *message.Message) error {
 				processed.Add(1)
 				time.Sleep(time.Millisecond) // widen the race window
@@ -300,13 +298,10 @@ func testNoConsumer(t *testing.T, target Target) {
 // A closed pool: an error, the handler never runs.
 func testClosedDatabase(t *testing.T, target Target) {
 	b := setup(t, target)
-	db := target.Open(t)
-	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: target.Dialect, Table: b.store.Table()})
+	mw, closePool := b.freshMiddleware(t, inbox.Config{Consumer: "c"})
+	_, err := call(mw, b.handler(nil), newMsg("warm")) // prepare the claim first
 	require.NoError(t, err)
-	mw := b.middleware(t, inbox.Config{Store: store, Consumer: "c"})
-	_, err = call(mw, b.handler(nil), newMsg("warm")) // prepare the claim first
-	require.NoError(t, err)
-	require.NoError(t, db.Close())
+	closePool()
 	called := false
 	_, err = call(mw, func(*message.Message) ([]*message.Message, error) {
 		called = true
@@ -352,8 +347,7 @@ func testSwallowedStatementError(t *testing.T, target Target) {
 	b := setup(t, target)
 	mw := b.middleware(t, inbox.Config{Consumer: "c"})
 	_, err := call(mw, func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := inbox.TxFromContext(msg.Context())
-		_, sqlErr := tx.ExecContext(msg.Context(), "SELECT * FROM no_such_table_anywhere")
+		sqlErr := b.exec(msg.Context(), "SELECT * FROM no_such_table_anywhere")
 		require.Error(t, sqlErr)
 		return nil, nil // swallowed
 	}, newMsg("x"))
@@ -460,10 +454,9 @@ func testClaimTimeout(t *testing.T, target Target) {
 	rollback := errors.New("roll the direct insert back")
 	go func() {
 		_, err := call(b.middleware(t, inbox.Config{Consumer: "other"}), func(msg *message.Message) ([]*message.Message, error) {
-			tx, _ := inbox.TxFromContext(msg.Context())
 			close(waiting)
 			// Blocks on the lock of the held claim of c/y.
-			if _, err := tx.ExecContext(msg.Context(), fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES (%s, %s)`,
+			if err := b.exec(msg.Context(), fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES (%s, %s)`,
 				b.store.Table(), target.Placeholder(1), target.Placeholder(2)), "c", "y"); err != nil {
 				return nil, err
 			}

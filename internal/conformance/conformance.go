@@ -46,6 +46,22 @@ type Target struct {
 	// must compare bytes exactly, like the inbox, or the effect counts would
 	// merge "Case" and "case". Defaults to VARCHAR(255).
 	TextColumn string
+
+	// Native, when set, runs the suite through the target's own middleware
+	// instead of inbox.NewMiddleware over a *sqlinbox.Store. Tables are still
+	// created and inspected through Open.
+	Native *Native
+}
+
+// Native is a middleware whose transaction is not a *sql.Tx (native pgx).
+type Native struct {
+	// Middleware builds the middleware for the inbox table described by sc,
+	// with cfg's Consumer, EventID and Logger (cfg.Store is ignored), on a
+	// connection pool of its own that the test's end, or closePool, closes.
+	Middleware func(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (mw message.HandlerMiddleware, closePool func())
+	// Exec runs a statement in the inbox transaction of the message whose
+	// context is ctx.
+	Exec func(ctx context.Context, query string, args ...any) error
 }
 
 // Dollar renders PostgreSQL placeholders.
@@ -94,6 +110,7 @@ type bundle struct {
 	target  Target
 	db      *sql.DB
 	store   *sqlinbox.Store
+	config  sqlinbox.Config // store's configuration
 	effects string
 
 	mu       sync.Mutex
@@ -119,11 +136,15 @@ func setup(t *testing.T, target Target, mutate ...func(*sqlinbox.Config)) *bundl
 	}
 	_, err = db.Exec(fmt.Sprintf(`CREATE TABLE %s (consumer %s NOT NULL, event_id %s NOT NULL)`, effects, text, text))
 	require.NoError(t, err)
-	return &bundle{target: target, db: db, store: store, effects: effects, attempts: map[string]int{}}
+	return &bundle{target: target, db: db, store: store, config: cfg, effects: effects, attempts: map[string]int{}}
 }
 
 func (b *bundle) middleware(t testing.TB, cfg inbox.Config) message.HandlerMiddleware {
 	t.Helper()
+	if b.target.Native != nil {
+		mw, _ := b.target.Native.Middleware(t, b.config, cfg)
+		return mw
+	}
 	if cfg.Store == nil {
 		cfg.Store = b.store
 	}
@@ -132,21 +153,46 @@ func (b *bundle) middleware(t testing.TB, cfg inbox.Config) message.HandlerMiddl
 	return mw
 }
 
-// writeEffect is the non-idempotent business write: a plain INSERT with no
-// unique key, so every extra commit shows up as an extra row.
-func (b *bundle) writeEffect(msg *message.Message) error {
-	ctx := msg.Context()
+// freshMiddleware builds the middleware on a connection pool of its own, as
+// another process would; closePool closes that pool.
+func (b *bundle) freshMiddleware(t testing.TB, cfg inbox.Config) (mw message.HandlerMiddleware, closePool func()) {
+	t.Helper()
+	if b.target.Native != nil {
+		return b.target.Native.Middleware(t, b.config, cfg)
+	}
+	db := b.target.Open(t)
+	store, err := sqlinbox.New(db, b.config)
+	require.NoError(t, err)
+	cfg.Store = store
+	return b.middleware(t, cfg), func() { _ = db.Close() }
+}
+
+// exec runs a statement in the inbox transaction of ctx's message.
+func (b *bundle) exec(ctx context.Context, query string, args ...any) error {
+	if b.target.Native != nil {
+		return b.target.Native.Exec(ctx, query, args...)
+	}
 	tx, ok := inbox.TxFromContext(ctx)
 	if !ok {
 		return fmt.Errorf("handler runs without an inbox transaction")
 	}
-	id, consumer, _ := inbox.EventIDFromContext(ctx)
+	_, err := tx.ExecContext(ctx, query, args...)
+	return err
+}
+
+// writeEffect is the non-idempotent business write: a plain INSERT with no
+// unique key, so every extra commit shows up as an extra row.
+func (b *bundle) writeEffect(msg *message.Message) error {
+	ctx := msg.Context()
+	id, consumer, ok := inbox.EventIDFromContext(ctx)
+	if !ok {
+		return fmt.Errorf("handler runs without an inbox transaction")
+	}
 	b.mu.Lock()
 	b.attempts[id]++
 	b.mu.Unlock()
-	_, err := tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES (%s, %s)`,
+	return b.exec(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES (%s, %s)`,
 		b.effects, b.target.Placeholder(1), b.target.Placeholder(2)), consumer, id)
-	return err
 }
 
 // handler writes the effect; fail, if set, decides per attempt (1-based)

@@ -1,0 +1,63 @@
+package pgxinbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/conformance"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/pgxinbox"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// TestConformance runs the middleware's whole behaviour through the native
+// pgx path: the same suite as every database/sql driver.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	conformance.Run(t, conformance.Target{
+		Name:                    "PostgreSQL/pgx-native",
+		Dialect:                 sqlinbox.PostgreSQL,
+		Open:                    func(t testing.TB) *sql.DB { return testdb.Postgres(t, "pgx") },
+		Placeholder:             conformance.Dollar,
+		FailedStatementAbortsTx: true,
+		ClaimTimeout:            true,
+		Native: &conformance.Native{
+			Middleware: func(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (message.HandlerMiddleware, func()) {
+				store := newStore(t, sc)
+				mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{
+					Store: store, Consumer: cfg.Consumer, EventID: cfg.EventID, Logger: cfg.Logger,
+				})
+				require.NoError(t, err)
+				return mw, store.Pool().Close
+			},
+			Exec: func(ctx context.Context, query string, args ...any) error {
+				tx, ok := pgxinbox.TxFromContext(ctx)
+				if !ok {
+					return errors.New("handler runs without a pgx inbox transaction")
+				}
+				_, err := tx.Exec(ctx, query, args...)
+				return err
+			},
+		},
+	})
+}
+
+// newStore opens a pool of its own, closed when the test ends, and a
+// PgxStore on it.
+func newStore(t testing.TB, sc sqlinbox.Config) *sqlinbox.PgxStore {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), testdb.PostgresDSN())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store, err := sqlinbox.NewPgx(pool, sc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	return store
+}

@@ -1,0 +1,122 @@
+// Package pgxinbox is the inbox middleware for applications that use pgx
+// natively (pgx/v5 and pgxpool) rather than through database/sql. It keeps
+// every guarantee of inbox.NewMiddleware, which it shares its code with, and
+// costs no extra round trip: sqlinbox.PgxStore sends BEGIN and the claim to
+// PostgreSQL together.
+//
+//	pool, err := pgxpool.New(ctx, dsn)
+//	store, err := sqlinbox.NewPgx(pool, sqlinbox.Config{})
+//	err = store.CreateSchema(ctx)
+//	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store})
+//	router.AddMiddleware(middleware.Recoverer, mw)
+//
+// and in a handler:
+//
+//	tx, _ := pgxinbox.TxFromContext(msg.Context())
+//	_, err := tx.Exec(msg.Context(), `INSERT INTO invoices ...`)
+//
+// inbox.EventIDFromContext and inbox.AfterCommit work here as they do
+// behind inbox.NewMiddleware. For an outbox in the same transaction, give
+// watermill-sql v4 the transaction: sql.NewPublisher(sql.TxFromPgx(tx), ...),
+// or set Config.ProducedPublisher.
+package pgxinbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/engine"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// Store records claims in transactions of pgx. *sqlinbox.PgxStore
+// implements it; its contract is inbox.Store's.
+type Store interface {
+	Claim(ctx context.Context, opts pgx.TxOptions, consumer, eventID string) (pgx.Tx, bool, error)
+}
+
+var _ Store = (*sqlinbox.PgxStore)(nil)
+
+// Config configures NewMiddleware. Its fields mean what they mean in
+// inbox.Config.
+type Config struct {
+	// Store records claims. Required; usually a *sqlinbox.PgxStore.
+	Store Store
+
+	// Consumer scopes the claims. Defaults to the Watermill handler name of
+	// each message.
+	Consumer string
+
+	// EventID extracts the event id. Defaults to inbox.DefaultEventID.
+	EventID inbox.EventIDFunc
+
+	// TxOptions are the options of the claim's transaction (isolation
+	// level, access mode). Defaults to the database's defaults.
+	TxOptions pgx.TxOptions
+
+	// ProducedPublisher, when set, publishes the messages the handler
+	// returns inside the inbox transaction, through the publisher it builds
+	// for tx (typically watermill-sql v4's
+	// sql.NewPublisher(sql.TxFromPgx(tx), ...)). Defaults to nil: the router
+	// publishes them after the commit, and loses them if that publish fails.
+	ProducedPublisher func(tx pgx.Tx) (message.Publisher, error)
+
+	// Logger receives a debug line per duplicate and errors from AfterCommit
+	// hooks. Defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// NewMiddleware returns the inbox middleware on pgx: each message is claimed
+// and handled in one pgx transaction, which the handler gets from
+// TxFromContext.
+func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
+	if config.EventID == nil {
+		config.EventID = inbox.DefaultEventID
+	}
+	if config.Logger == nil {
+		config.Logger = watermill.NopLogger{}
+	}
+	if config.Store == nil {
+		return nil, errors.New("pgxinbox: invalid config: Store is required")
+	}
+	if config.Consumer != "" {
+		if err := engine.ValidateConsumer(config.Consumer); err != nil {
+			return nil, fmt.Errorf("pgxinbox: invalid config: Consumer: %w", err)
+		}
+	}
+	opts := config.TxOptions
+	e := &engine.Engine[pgx.Tx]{
+		Consumer: config.Consumer,
+		EventID:  config.EventID,
+		Claim: func(ctx context.Context, consumer, eventID string) (pgx.Tx, bool, error) {
+			return config.Store.Claim(ctx, opts, consumer, eventID)
+		},
+		Commit:    func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+		Rollback:  func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+		Publisher: config.ProducedPublisher,
+		Logger:    config.Logger,
+	}
+	if checker, ok := config.Store.(inbox.EventIDChecker); ok {
+		e.CheckEventID = checker.CheckEventID
+	}
+	return e.Middleware, nil
+}
+
+// TxFromContext returns the pgx transaction that holds the message's inbox
+// claim; write the handler's effects through it. ok is false outside a
+// handler behind this package's middleware. Do not commit or roll back the
+// transaction yourself, return an error from the handler instead.
+func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
+	s := engine.SessionFrom(ctx)
+	if s == nil {
+		return nil, false
+	}
+	tx, ok = s.Tx.(pgx.Tx)
+	return tx, ok
+}
