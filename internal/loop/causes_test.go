@@ -33,7 +33,7 @@ func TestRelayPublishesTwice(t *testing.T) {
 
 	const n = 30
 	ids := orders.placeOrders(t, topic, n)
-	r.waitRepublished(t)
+	r.waitRelayed(t, n)
 	b.waitDrained(t, "billing", topic)
 
 	require.EqualValues(t, n/3, r.crashes.Load(), "relay crashes")
@@ -196,7 +196,12 @@ func TestConsumerGroupRebalance(t *testing.T) {
 	b.waitDrained(t, "billing", topic)
 
 	billing.requireExactlyOnce(t, ids)
-	require.EqualValues(t, len(ids), billing.handled.Load())
+	// A leaving member's subscriber cancels the context of the messages it
+	// has in flight; with pgx the COMMIT is bound to it and may report
+	// "context canceled" after it happened. The outcome is unknown, the
+	// message is nacked, its redelivery finds the claim: one effect, but
+	// the handler's AfterCommit hook (our counter) did not run.
+	require.LessOrEqual(t, billing.handled.Load(), int64(len(ids)))
 	skipped := billing.delivered.Load() - billing.handled.Load()
 	require.Positive(t, skipped, "the rebalance redelivered committed events")
 	t.Logf("%d events, %d deliveries, %d duplicates skipped", len(ids), billing.delivered.Load(), skipped)

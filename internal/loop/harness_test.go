@@ -404,6 +404,7 @@ func (o *outbox) subscriber(t testing.TB) *wsql.Subscriber {
 // publishing and before acking the outbox row, so the row is published again.
 type relay struct {
 	published   atomic.Int64 // publishes to Kafka, republishes included
+	rows        atomic.Int64 // distinct outbox rows published
 	crashes     atomic.Int64 // crashes injected after a publish
 	republished atomic.Int64 // crashed rows published again
 }
@@ -415,7 +416,6 @@ func startRelay(t testing.TB, o *outbox, addrs []string, crashEvery int) *relay 
 	r := &relay{}
 	var mu sync.Mutex
 	crashed := map[string]bool{} // envelope uuid -> republished yet
-	rows := 0                    // distinct rows published
 	crash := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
@@ -432,8 +432,7 @@ func startRelay(t testing.TB, o *outbox, addrs []string, crashEvery int) *relay 
 				}
 				return out, nil
 			}
-			rows++
-			if crashEvery > 0 && rows%crashEvery == 0 {
+			if n := r.rows.Add(1); crashEvery > 0 && n%int64(crashEvery) == 0 {
 				crashed[msg.UUID] = false
 				r.crashes.Add(1)
 				return nil, errors.New("relay crashed after publishing, before acking the outbox row")
@@ -461,12 +460,14 @@ func startRelay(t testing.TB, o *outbox, addrs []string, crashEvery int) *relay 
 	return r
 }
 
-// waitRepublished waits until every injected relay crash has been followed
-// by the republish of the same row.
-func (r *relay) waitRepublished(t testing.TB) {
+// waitRelayed waits until the relay has published rows distinct outbox
+// rows and republished every row it crashed on.
+func (r *relay) waitRelayed(t testing.TB, rows int) {
 	t.Helper()
-	require.Eventually(t, func() bool { return r.republished.Load() == r.crashes.Load() }, waitFor, 20*time.Millisecond,
-		"relay republished %d of %d crashed rows", r.republished.Load(), r.crashes.Load())
+	require.Eventually(t, func() bool {
+		return r.rows.Load() == int64(rows) && r.republished.Load() == r.crashes.Load()
+	}, waitFor, 20*time.Millisecond, "relay published %d of %d rows and republished %d of %d crashed rows",
+		r.rows.Load(), rows, r.republished.Load(), r.crashes.Load())
 }
 
 // orderService is service A: it writes a business row and its event to the
