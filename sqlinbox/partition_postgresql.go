@@ -124,24 +124,31 @@ ON CONFLICT DO NOTHING`, table, idType),
 // with the plain ON CONFLICT claim would let duplicates through, since its
 // key includes processed_at.
 func verifyLayout(t tableName, c Config) func(ctx context.Context, db *sql.DB, q queries) error {
-	return func(ctx context.Context, db *sql.DB, _ queries) error {
-		var kind sql.NullString
-		err := db.QueryRowContext(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, t.quoted('"')).Scan(&kind)
-		if errors.Is(err, sql.ErrNoRows) || (err == nil && !kind.Valid) {
-			return nil // no table yet: preparing the claim reports it
-		}
-		if err != nil {
-			return fmt.Errorf("sqlinbox: checking the layout of %s: %w", t, err)
-		}
-		partitioned := kind.String == "p"
-		if partitioned != (c.Partitioning != NoPartitioning) {
-			if partitioned {
-				return fmt.Errorf("sqlinbox: %s is partitioned but Config.Partitioning is %s: set it to the table's layout, or duplicates in different partitions would not be detected", t, c.Partitioning)
-			}
-			return fmt.Errorf("sqlinbox: %s is not partitioned but Config.Partitioning is %s", t, c.Partitioning)
-		}
-		return nil
+	return func(ctx context.Context, db *sql.DB, _ queries) error { return checkLayout(ctx, db, t, c) }
+}
+
+// rowQuerier is a *sql.DB or a *sql.Conn.
+type rowQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func checkLayout(ctx context.Context, db rowQuerier, t tableName, c Config) error {
+	var kind sql.NullString
+	err := db.QueryRowContext(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, t.quoted('"')).Scan(&kind)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !kind.Valid) {
+		return nil // no table yet: preparing the claim reports it
 	}
+	if err != nil {
+		return fmt.Errorf("sqlinbox: checking the layout of %s: %w", t, err)
+	}
+	partitioned := kind.String == "p"
+	if partitioned != (c.Partitioning != NoPartitioning) {
+		if partitioned {
+			return fmt.Errorf("sqlinbox: %s is partitioned but Config.Partitioning is %s: set it to the table's layout, or duplicates in different partitions would not be detected", t, c.Partitioning)
+		}
+		return fmt.Errorf("sqlinbox: %s is not partitioned but Config.Partitioning is %s", t, c.Partitioning)
+	}
+	return nil
 }
 
 // Partition is one time partition of a partitioned inbox table: the rows

@@ -163,6 +163,9 @@ func TestPartitioningMustMatchTheTable(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = plain.Claim(context.Background(), nil, "billing", "ev-1")
 	require.ErrorContains(t, err, "is partitioned but Config.Partitioning is none")
+	// Purging it as a plain table could delete by ctid across partitions.
+	_, _, err = plain.BeginPurge(context.Background())
+	require.ErrorContains(t, err, "is partitioned but Config.Partitioning is none")
 
 	plainTable := testdb.Table(t, db, "inbox_plain")
 	plainStore, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: plainTable})

@@ -1,6 +1,8 @@
 package sqlinbox
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"time"
 )
@@ -40,6 +42,11 @@ func (postgresql) purgeQueries(t tableName, c Config) purgeQueries {
 		countExpired: func(s scopeShape) string {
 			return fmt.Sprintf(`SELECT consumer, count(*) FROM %s WHERE %s%s GROUP BY consumer`,
 				table, expired, scopeFilter(s, dollar, 2))
+		},
+		// ctid is unique per partition only: a partitioned table purged as
+		// a plain one could lose rows of the wrong partition.
+		adapt: func(ctx context.Context, conn *sql.Conn, _ *purgeQueries) error {
+			return checkLayout(ctx, conn, t, c)
 		},
 	}
 }

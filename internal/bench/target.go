@@ -14,10 +14,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/lib/pq"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -31,6 +33,9 @@ type Driver struct {
 	// Open connects with at most maxConns connections, counting round trips
 	// on rt.
 	Open func(ctx context.Context, dsn string, maxConns int, rt *RoundTrips) (Conn, error)
+	// Pipelined drivers send BEGIN with the claim: the inbox adds no round
+	// trip to a new message.
+	Pipelined bool
 }
 
 // Conn is an open pool of one driver.
@@ -48,6 +53,7 @@ type Conn interface {
 var Drivers = []Driver{
 	{Name: "postgresql/lib-pq", Open: openLibPQ},
 	{Name: "postgresql/pgx-stdlib", Open: openPgxStdlib},
+	{Name: "postgresql/pgx", Open: openPgx, Pipelined: true},
 }
 
 // FindDrivers returns the drivers named in the comma-separated list ("all"
@@ -152,4 +158,60 @@ func Name(prefix string) string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	return prefix + "_" + hex.EncodeToString(b)
+}
+
+func openPgx(ctx context.Context, dsn string, maxConns int, rt *RoundTrips) (Conn, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.DialFunc = rt.DialContext
+	cfg.MaxConns = int32(maxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &pgxConn{pool: pool}, nil
+}
+
+// pgxConn is a native pgx pool.
+type pgxConn struct{ pool *pgxpool.Pool }
+
+func (c *pgxConn) Bare(effects string) message.HandlerFunc {
+	insert := insertEffect(effects)
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		tx, err := c.pool.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.Exec(ctx, insert, msg.UUID); err != nil {
+			_ = tx.Rollback(ctx)
+			return nil, err
+		}
+		return nil, tx.Commit(ctx)
+	}
+}
+
+func (c *pgxConn) Inbox(table, effects string) (message.HandlerFunc, error) {
+	store, err := sqlinbox.NewPgx(c.pool, sqlinbox.Config{Table: table})
+	if err != nil {
+		return nil, err
+	}
+	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store, Consumer: Consumer})
+	if err != nil {
+		return nil, err
+	}
+	insert := insertEffect(effects)
+	return mw(func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		tx, _ := pgxinbox.TxFromContext(ctx)
+		_, err := tx.Exec(ctx, insert, msg.UUID)
+		return nil, err
+	}), nil
+}
+
+func (c *pgxConn) Close() error {
+	c.pool.Close()
+	return nil
 }

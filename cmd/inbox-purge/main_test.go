@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// inbox makes an inbox table on the test PostgreSQL with rows aged 3 days
+// (billing: 40, mailer: 5) and 1 hour (billing: 2).
+func inbox(t *testing.T) (*sql.DB, string) {
+	t.Helper()
+	db := testdb.Postgres(t, "pgx")
+	table := testdb.Table(t, db, "cmd_purge")
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(context.Background()))
+	for _, r := range []struct {
+		consumer string
+		n        int
+		age      string
+	}{{"billing", 40, "3 days"}, {"mailer", 5, "3 days"}, {"billing", 2, "1 hour"}} {
+		_, err := db.Exec(fmt.Sprintf(`INSERT INTO %s (consumer, event_id, processed_at)
+SELECT $1, $2 || g, now() - $3::interval FROM generate_series(1, $4::int) g`, table), r.consumer, r.age+"-", r.age, r.n)
+		require.NoError(t, err)
+	}
+	return db, table
+}
+
+func count(t *testing.T, db *sql.DB, table string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table).Scan(&n))
+	return n
+}
+
+func runCmd(args ...string) (code int, stdout, stderr string) {
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestDryRunThenPurge(t *testing.T) {
+	t.Parallel()
+	db, table := inbox(t)
+	code, out, _ := runCmd("-dsn", testdb.PostgresDSN(), "-table", table, "-retention", "2d", "-dry-run")
+	require.Equal(t, exitOK, code)
+	require.Equal(t, "billing\t40\nmailer\t5\nwould remove 45 rows from "+table+"\n", out)
+	require.Equal(t, 47, count(t, db, table))
+
+	code, out, errOut := runCmd("-dsn", testdb.PostgresDSN(), "-table", table, "-retention", "48h", "-batch", "100", "-once")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "removed 45 rows from "+table)
+	require.Contains(t, errOut, "Inbox purge round done")
+	require.Equal(t, 2, count(t, db, table))
+}
+
+func TestConsumerRetentionFlag(t *testing.T) {
+	t.Parallel()
+	db, table := inbox(t)
+	code, out, errOut := runCmd("-dsn", testdb.PostgresDSN(), "-table", table, "-retention", "2d", "-consumer-retention", "billing=7d")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "removed 5 rows")
+	require.Equal(t, 42, count(t, db, table))
+}
+
+// Invalid flags and unsafe retentions exit 2 without touching the table; a
+// database error exits 1.
+func TestExitCodes(t *testing.T) {
+	t.Parallel()
+	db, table := inbox(t)
+	dsn := testdb.PostgresDSN()
+	for _, tc := range []struct {
+		args []string
+		code int
+		err  string
+	}{
+		{[]string{"-table", table, "-retention", "2d"}, exitUsage, "-dsn is required"},
+		{[]string{"-dsn", dsn, "-table", table}, exitUsage, "Retention is required"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "1h"}, exitUsage, "below MinRetention"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "2x"}, exitUsage, "invalid value"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "2d", "-dialect", "oracle"}, exitUsage, `-dialect "oracle"`},
+		{[]string{"-dsn", dsn, "-table", "Bad-Name", "-retention", "2d"}, exitUsage, "Table"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "2d", "-dry-run", "-loop"}, exitUsage, "exclude each other"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "2d", "-partitioning", "daily"}, exitFailed, "is not partitioned"},
+		{[]string{"-dsn", dsn, "-table", table + "_missing", "-retention", "2d"}, exitFailed, "does not exist"},
+	} {
+		code, _, errOut := runCmd(tc.args...)
+		require.Equal(t, tc.code, code, "%v: %s", tc.args, errOut)
+		require.Contains(t, errOut, tc.err, "%v", tc.args)
+	}
+	require.Equal(t, 47, count(t, db, table))
+
+	code, out, errOut := runCmd("-dsn", dsn, "-table", table, "-retention", "2h", "-allow-short-retention")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "removed 45 rows")
+}
+
+// -loop purges until interrupted, then exits 0.
+func TestLoop(t *testing.T) {
+	t.Parallel()
+	db, table := inbox(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var out, errOut bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{"-dsn", testdb.PostgresDSN(), "-table", table, "-retention", "2d", "-loop", "-interval", "50ms"}, &out, &errOut)
+	}()
+	require.Eventually(t, func() bool { return count(t, db, table) == 2 }, 10*time.Second, 20*time.Millisecond)
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, exitOK, code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("-loop did not stop when interrupted")
+	}
+}
+
+// SQLite through the same flags.
+func TestSQLite(t *testing.T) {
+	t.Parallel()
+	path := testdb.SQLiteFile(t)
+	db := testdb.SQLite(t)
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(context.Background()))
+	_, err = db.Exec(`INSERT INTO watermill_inbox (consumer, event_id, processed_at) VALUES
+		('billing', 'old', strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-3 days')),
+		('billing', 'new', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))`)
+	require.NoError(t, err)
+	code, out, errOut := runCmd("-dialect", "sqlite", "-dsn", sqlinbox.SQLiteDSN(path), "-retention", "2d")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "removed 1 rows from watermill_inbox")
+	require.Equal(t, 1, count(t, db, "watermill_inbox"))
+}

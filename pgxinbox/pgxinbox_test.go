@@ -1,0 +1,201 @@
+package pgxinbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/pgxinbox"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// fixture is a PgxStore on a fresh inbox table, with its own pool.
+type fixture struct {
+	store *sqlinbox.PgxStore
+	mw    message.HandlerMiddleware
+}
+
+func setup(t *testing.T, sc sqlinbox.Config) *fixture {
+	t.Helper()
+	sc.Table = testdb.Name("inbox")
+	store := newStore(t, sc)
+	require.NoError(t, store.CreateSchema(context.Background()))
+	t.Cleanup(func() { _, _ = store.Pool().Exec(context.Background(), "DROP TABLE IF EXISTS "+sc.Table) })
+	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store, Consumer: "c"})
+	require.NoError(t, err)
+	return &fixture{store: store, mw: mw}
+}
+
+func (f *fixture) claims(t *testing.T, eventID string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, f.store.Pool().QueryRow(context.Background(),
+		"SELECT count(*) FROM "+f.store.Table()+" WHERE event_id = $1", eventID).Scan(&n))
+	return n
+}
+
+// noOpenTransactions checks that every connection the pool holds is idle
+// and outside a transaction: no claim's BEGIN leaked back into the pool.
+func (f *fixture) noOpenTransactions(t *testing.T) {
+	t.Helper()
+	pool := f.store.Pool()
+	require.Zero(t, pool.Stat().AcquiredConns(), "connections still acquired")
+	conns := pool.AcquireAllIdle(context.Background())
+	require.NotEmpty(t, conns)
+	for _, c := range conns {
+		require.Equal(t, byte('I'), c.Conn().PgConn().TxStatus(), "a pooled connection is inside a transaction")
+		c.Release()
+	}
+}
+
+func msg(id string) *message.Message {
+	m := message.NewMessage(watermill.NewUUID(), nil)
+	m.Metadata.Set(inbox.DefaultEventIDMetadataKey, id)
+	return m
+}
+
+// The claim travels with BEGIN: while the handler runs, the claim is
+// invisible to other sessions, so it is not committed on its own and rolls
+// back with the handler.
+func TestClaimIsInsideTheTransaction(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{})
+	boom := errors.New("boom")
+	_, err := f.mw(func(m *message.Message) ([]*message.Message, error) {
+		tx, ok := pgxinbox.TxFromContext(m.Context())
+		require.True(t, ok)
+		var mine int
+		require.NoError(t, tx.QueryRow(m.Context(), "SELECT count(*) FROM "+f.store.Table()+" WHERE event_id = 'x'").Scan(&mine))
+		require.Equal(t, 1, mine, "the handler's transaction sees its claim")
+		require.Zero(t, f.claims(t, "x"), "another session sees the claim before the commit")
+		return nil, boom
+	})(msg("x"))
+	require.ErrorIs(t, err, boom)
+	require.Zero(t, f.claims(t, "x"))
+	f.noOpenTransactions(t)
+}
+
+// Every way out of the middleware (commit, duplicate, handler error,
+// panic, failed statement, claim timeout) gives the connection back to the
+// pool outside any transaction.
+func TestNoTransactionLeaks(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{ClaimTimeout: 100 * time.Millisecond})
+	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	for _, id := range []string{"a", "a", "b"} {
+		_, err := f.mw(ok)(msg(id))
+		require.NoError(t, err)
+	}
+	_, err := f.mw(func(*message.Message) ([]*message.Message, error) { return nil, errors.New("fail") })(msg("c"))
+	require.Error(t, err)
+	require.Panics(t, func() {
+		_, _ = f.mw(func(*message.Message) ([]*message.Message, error) { panic("boom") })(msg("d"))
+	})
+
+	// A failed statement aborts the transaction: the commit answers
+	// ROLLBACK, which must reach the caller as an error.
+	_, err = f.mw(func(m *message.Message) ([]*message.Message, error) {
+		tx, _ := pgxinbox.TxFromContext(m.Context())
+		_, sqlErr := tx.Exec(m.Context(), "SELECT * FROM no_such_table_anywhere")
+		require.Error(t, sqlErr)
+		return nil, nil // swallowed
+	})(msg("e"))
+	require.ErrorIs(t, err, pgx.ErrTxCommitRollback)
+	require.Zero(t, f.claims(t, "e"))
+
+	// A claim that times out behind an in-flight copy fails inside the
+	// pipeline.
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.mw(func(*message.Message) ([]*message.Message, error) {
+			close(entered)
+			<-release
+			return nil, nil
+		})(msg("f"))
+		done <- err
+	}()
+	<-entered
+	_, err = f.mw(ok)(msg("f"))
+	require.ErrorIs(t, err, inbox.ErrInFlight)
+	close(release)
+	require.NoError(t, <-done)
+
+	require.Equal(t, 1, f.claims(t, "a"))
+	for _, id := range []string{"c", "d"} {
+		require.Zero(t, f.claims(t, id))
+	}
+	f.noOpenTransactions(t)
+}
+
+// The handler writes its follow-up event to a watermill-sql v4 outbox in
+// the inbox transaction: the event commits with the claim, or not at all.
+func TestOutboxThroughTxFromPgx(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{})
+	ctx := context.Background()
+	topic := testdb.Name("out")
+	schema := wsql.DefaultPostgreSQLSchema{}
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(f.store.Pool()), wsql.SubscriberConfig{
+		SchemaAdapter: schema, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}, InitializeSchema: true,
+	}, nil)
+	require.NoError(t, err)
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	t.Cleanup(func() {
+		_, _ = f.store.Pool().Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, "watermill_offsets_%s"`, schema.MessagesTable(topic), topic))
+	})
+	outbox := func() int {
+		var n int
+		require.NoError(t, f.store.Pool().QueryRow(ctx, "SELECT count(*) FROM "+schema.MessagesTable(topic)).Scan(&n))
+		return n
+	}
+
+	attempt := 0
+	h := func(m *message.Message) ([]*message.Message, error) {
+		attempt++
+		tx, _ := pgxinbox.TxFromContext(m.Context())
+		pub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: schema}, nil)
+		if err != nil {
+			return nil, err
+		}
+		if err := pub.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(`{}`))); err != nil {
+			return nil, err
+		}
+		if attempt == 1 {
+			return nil, errors.New("fail after publishing")
+		}
+		return nil, nil
+	}
+	for range 3 {
+		_, _ = f.mw(h)(msg("order-1"))
+	}
+	require.Equal(t, 2, attempt, "the third delivery is a duplicate")
+	require.Equal(t, 1, outbox())
+	require.Equal(t, 1, f.claims(t, "order-1"))
+	f.noOpenTransactions(t)
+}
+
+func TestNewPgxRefusesWhatItCannotDo(t *testing.T) {
+	t.Parallel()
+	pool := newStore(t, sqlinbox.Config{Table: "unused"}).Pool()
+	_, err := sqlinbox.NewPgx(pool, sqlinbox.Config{Dialect: sqlinbox.MySQL})
+	require.ErrorContains(t, err, "PostgreSQL")
+	_, err = sqlinbox.NewPgx(pool, sqlinbox.Config{Partitioning: sqlinbox.Daily})
+	require.ErrorContains(t, err, "Partitioning")
+	_, err = sqlinbox.NewPgx(nil, sqlinbox.Config{})
+	require.Error(t, err)
+	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{})
+	require.ErrorContains(t, err, "Store")
+	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{Store: newStore(t, sqlinbox.Config{}), Consumer: "a\x00"})
+	require.ErrorContains(t, err, "Consumer")
+}
