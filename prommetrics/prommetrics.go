@@ -1,0 +1,146 @@
+// Package prommetrics exports the inbox's metrics to Prometheus: an
+// inbox.Observer that counts messages by consumer and outcome and times
+// their claims and transactions, and counters for purge rounds.
+//
+// It lives in its own package so that only programs importing it link
+// github.com/prometheus/client_golang.
+//
+//	metrics, err := prommetrics.New(nil, "") // default registerer, namespace "watermill_inbox"
+//	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Observer: metrics})
+//
+// Create one Metrics per registerer and share it between every middleware of
+// the process: the series are labelled by consumer, and registering the same
+// metric names twice fails.
+//
+// What to alert on: a rate of outcome="claim_failed" or "commit_failed"
+// (the database is unhealthy), outcome="in_flight" (two copies of an event
+// raced and one waited past the claim timeout), outcome="missing_id" or
+// "invalid_id" (a producer sends messages the inbox cannot key), and a claim
+// latency that grows with the inbox table (purge it).
+package prommetrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/purge"
+)
+
+// DefaultNamespace prefixes every metric name when New gets no namespace.
+const DefaultNamespace = "watermill_inbox"
+
+// Metrics is an inbox.Observer recording Prometheus metrics. Its methods are
+// safe for concurrent use.
+type Metrics struct {
+	messages     *prometheus.CounterVec
+	claim        *prometheus.HistogramVec
+	duration     *prometheus.HistogramVec
+	purgeRounds  *prometheus.CounterVec
+	purgeDeleted *prometheus.CounterVec
+	purgeTime    *prometheus.HistogramVec
+}
+
+var _ inbox.Observer = (*Metrics)(nil)
+
+// Buckets in seconds. A claim is one INSERT, normally a millisecond or two,
+// longer when it waits for another copy's transaction; a message's time
+// includes the handler.
+var (
+	claimBuckets   = []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
+	messageBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	purgeBuckets   = []float64{.01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 900}
+)
+
+// New creates the metrics and registers them with reg, so that they appear
+// as soon as a message or a purge is observed. A nil reg means
+// prometheus.DefaultRegisterer; an empty namespace means DefaultNamespace.
+// Registering twice with one registry fails: share the returned Metrics.
+func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
+	if reg == nil {
+		reg = prometheus.DefaultRegisterer
+	}
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
+	m := &Metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "messages_total",
+			Help:      "Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, rolled_back, commit_failed).",
+		}, []string{"consumer", "outcome"}),
+		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "claim_duration_seconds",
+			Help:      "Time to begin the transaction and insert the inbox row, waits for a concurrent copy of the same event included.",
+			Buckets:   claimBuckets,
+		}, []string{"consumer"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "message_duration_seconds",
+			Help:      "Time a message spent in the inbox middleware: claim, handler and commit, by consumer and outcome.",
+			Buckets:   messageBuckets,
+		}, []string{"consumer", "outcome"}),
+		purgeRounds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "purge_rounds_total",
+			Help:      "Purge rounds by inbox table and result (done, skipped, failed).",
+		}, []string{"table", "result"}),
+		purgeDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "purge_rows_deleted_total",
+			Help:      "Inbox rows removed by the purge (dropped partitions included), by table.",
+		}, []string{"table"}),
+		purgeTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "purge_duration_seconds",
+			Help:      "Duration of purge rounds that ran, by table.",
+			Buckets:   purgeBuckets,
+		}, []string{"table"}),
+	}
+	for _, c := range []prometheus.Collector{m.messages, m.claim, m.duration, m.purgeRounds, m.purgeDeleted, m.purgeTime} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("prommetrics: registering inbox metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// Start implements inbox.Observer.
+func (m *Metrics) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+	return ctx, m.observe
+}
+
+func (m *Metrics) observe(ob inbox.Observation) {
+	outcome := string(ob.Outcome)
+	m.messages.WithLabelValues(ob.Consumer, outcome).Inc()
+	m.duration.WithLabelValues(ob.Consumer, outcome).Observe(ob.Duration.Seconds())
+	if !ob.ClaimStart.IsZero() {
+		m.claim.WithLabelValues(ob.Consumer).Observe(ob.ClaimDuration.Seconds())
+	}
+}
+
+// ObservePurge records one purge round of table: what PurgeOnce returned
+// and how long it took. The purge has no hook of its own, so call it around
+// PurgeOnce (in a loop of your own instead of Run):
+//
+//	start := time.Now()
+//	n, err := purger.PurgeOnce(ctx)
+//	metrics.ObservePurge(store.Table(), n, time.Since(start), err)
+func (m *Metrics) ObservePurge(table string, deleted int64, d time.Duration, err error) {
+	switch {
+	case errors.Is(err, purge.ErrSkipped):
+		m.purgeRounds.WithLabelValues(table, "skipped").Inc()
+		return
+	case err != nil:
+		m.purgeRounds.WithLabelValues(table, "failed").Inc()
+	default:
+		m.purgeRounds.WithLabelValues(table, "done").Inc()
+	}
+	m.purgeDeleted.WithLabelValues(table).Add(float64(deleted))
+	m.purgeTime.WithLabelValues(table).Observe(d.Seconds())
+}
