@@ -17,6 +17,7 @@ func TestConformance(t *testing.T) {
 	for _, target := range []conformance.Target{
 		postgresTarget("PostgreSQL/lib-pq", "postgres"),
 		postgresTarget("PostgreSQL/pgx-stdlib", "pgx"),
+		partitioned(postgresTarget("PostgreSQL/daily-partitions", "pgx"), sqlinbox.Daily),
 		{
 			Name:             "MySQL/go-sql-driver",
 			Dialect:          sqlinbox.MySQL,
@@ -49,4 +50,9 @@ func postgresTarget(name, driver string) conformance.Target {
 		FailedStatementAbortsTx: true,
 		ClaimTimeout:            true,
 	}
+}
+
+func partitioned(target conformance.Target, mode sqlinbox.Partitioning) conformance.Target {
+	target.Partitioning = mode
+	return target
 }

@@ -74,11 +74,13 @@ func checkPartitioning(c Config) error {
 // the first statement, before the wait.
 func partitionedQueries(t tableName, c Config, idType string) queries {
 	table := t.quoted('"')
-	lock := `SELECT pg_advisory_xact_lock(hashtextextended(length($1::text) || ':' || $1::text || $2::text, 0))`
+	// Advisory locks are database-wide: the key hashes the table with the
+	// pair, so tables sharing a database never wait for each other. The
+	// length prefix keeps ("ab", "c") apart from ("a", "bc").
+	lock := fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtextextended('%s:' || length($1::text) || ':' || $1::text || $2::text, 0))`, t)
 	if c.ClaimTimeout > 0 {
 		lock = fmt.Sprintf(`WITH lt AS (SELECT set_config('lock_timeout', '%dms', true))
-SELECT pg_advisory_xact_lock(hashtextextended(length($1::text) || ':' || $1::text || $2::text, 0)) FROM lt`,
-			max(c.ClaimTimeout.Milliseconds(), 1))
+%s FROM lt`, max(c.ClaimTimeout.Milliseconds(), 1), lock)
 	}
 	lock = fmt.Sprintf(`WITH l AS (%s) SELECT current_setting('transaction_isolation') FROM l`, lock)
 	q := queries{

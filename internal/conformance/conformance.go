@@ -46,6 +46,9 @@ type Target struct {
 	// must compare bytes exactly, like the inbox, or the effect counts would
 	// merge "Case" and "case". Defaults to VARCHAR(255).
 	TextColumn string
+	// Partitioning is the inbox table's layout (PostgreSQL time
+	// partitions, whose claims take another path). Defaults to none.
+	Partitioning sqlinbox.Partitioning
 
 	// Native, when set, runs the suite through the target's own middleware
 	// instead of inbox.NewMiddleware over a *sqlinbox.Store. Tables are still
@@ -120,7 +123,7 @@ type bundle struct {
 func setup(t *testing.T, target Target, mutate ...func(*sqlinbox.Config)) *bundle {
 	t.Helper()
 	db := target.Open(t)
-	cfg := sqlinbox.Config{Dialect: target.Dialect, Table: testdb.Table(t, db, "inbox")}
+	cfg := sqlinbox.Config{Dialect: target.Dialect, Table: testdb.Table(t, db, "inbox"), Partitioning: target.Partitioning}
 	for _, m := range mutate {
 		m(&cfg)
 	}
