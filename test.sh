@@ -102,4 +102,6 @@ go test -race -count=1 "${args[@]}"
 if [ $# -eq 0 ]; then
 	# The README's first command: it must keep working with no server at all.
 	go run ./_examples/quickstart >/dev/null
+	# The metrics example checks its own /metrics page and fails without the counters.
+	go run ./_examples/metrics -addr 127.0.0.1:0 >/dev/null
 fi
