@@ -32,7 +32,7 @@ func partitions(t *testing.T, store *sqlinbox.Store) []string {
 }
 
 // dbDay returns the UTC day of the database clock minus ago.
-func dbDay(t *testing.T, db *sql.DB, ago time.Duration) time.Time {
+func dbDay(t testing.TB, db *sql.DB, ago time.Duration) time.Time {
 	t.Helper()
 	var at time.Time
 	require.NoError(t, db.QueryRow(`SELECT date_trunc('day', (now() - $1::float8 * interval '1 microsecond') AT TIME ZONE 'UTC')`, ago.Microseconds()).Scan(&at))

@@ -113,7 +113,7 @@ type bundle struct {
 	table string
 }
 
-func setup(t *testing.T, tg target, mutate ...func(*sqlinbox.Config)) *bundle {
+func setup(t testing.TB, tg target, mutate ...func(*sqlinbox.Config)) *bundle {
 	t.Helper()
 	db := tg.open(t)
 	cfg := sqlinbox.Config{Dialect: tg.dialect, Table: testdb.Table(t, db, "purge")}

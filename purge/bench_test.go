@@ -1,0 +1,136 @@
+package purge_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/purge"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// benchRows is the number of expired rows each benchmark purges.
+const benchRows = 1_000_000
+
+// BenchmarkPurge purges a million expired rows from a plain PostgreSQL
+// table in batches while four workers keep claiming new events, and reports
+// the purge's throughput and the claims' p99 latency with and without the
+// purge running. It seeds a million rows per iteration, so run it once:
+//
+//	go test ./purge/ -run '^$' -bench BenchmarkPurge -benchtime 1x
+func BenchmarkPurge(b *testing.B) {
+	for b.Loop() {
+		bb := setup(b, postgres)
+		bb.seed(b, "billing", "old-", benchRows, 30*day)
+		_, err := bb.db.Exec("VACUUM ANALYZE " + bb.table)
+		require.NoError(b, err)
+
+		idle := claimLatencies(b, bb, "idle", nil)
+
+		p, err := purge.New(bb.store, purge.Config{Retention: 7 * day})
+		require.NoError(b, err)
+		var (
+			deleted int64
+			took    time.Duration
+		)
+		during := claimLatencies(b, bb, "busy", func() {
+			start := time.Now()
+			deleted, err = p.PurgeOnce(context.Background())
+			took = time.Since(start)
+		})
+		require.NoError(b, err)
+		require.EqualValues(b, benchRows, deleted)
+
+		b.ReportMetric(float64(deleted)/took.Seconds(), "purged_rows/s")
+		b.ReportMetric(ms(p99(idle)), "claim_p99_idle_ms")
+		b.ReportMetric(ms(p99(during)), "claim_p99_purging_ms")
+		b.ReportMetric(ms(p99(during))/ms(p99(idle)), "p99_ratio")
+		b.Logf("purged %d rows in %s; claims idle: %d, p50 %.2fms p99 %.2fms; during the purge: %d, p50 %.2fms p99 %.2fms",
+			deleted, took.Round(time.Millisecond), len(idle), ms(p50(idle)), ms(p99(idle)), len(during), ms(p50(during)), ms(p99(during)))
+	}
+}
+
+// BenchmarkDropMonthPartition drops a monthly partition holding a million
+// rows, the partitioned table's whole purge of that month.
+//
+//	go test ./purge/ -run '^$' -bench BenchmarkDropMonthPartition -benchtime 1x
+func BenchmarkDropMonthPartition(b *testing.B) {
+	for b.Loop() {
+		bb := setup(b, postgres, func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Monthly })
+		// A month that ended at least a month ago.
+		month := dbDay(b, bb.db, 62*day)
+		month = time.Date(month.Year(), month.Month(), 1, 0, 0, 0, 0, time.UTC)
+		name := bb.table + "_p" + month.Format("200601")
+		_, err := bb.db.Exec(fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s+00') TO ('%s+00')`,
+			name, bb.table, month.Format(time.DateTime), month.AddDate(0, 1, 0).Format(time.DateTime)))
+		require.NoError(b, err)
+		_, err = bb.db.Exec(fmt.Sprintf(`INSERT INTO %s (consumer, event_id, processed_at)
+SELECT 'billing', 'ev-' || g, $1::timestamptz + (g %% 2500000) * interval '1 second' FROM generate_series(1, $2::int) g`, bb.table), month, benchRows)
+		require.NoError(b, err)
+
+		sess, ok, err := bb.store.BeginPurge(context.Background())
+		require.NoError(b, err)
+		require.True(b, ok)
+		expired, err := sess.ExpiredPartitions(context.Background(), 7*day)
+		require.NoError(b, err)
+		require.Len(b, expired, 1)
+		start := time.Now()
+		require.NoError(b, sess.DropPartition(context.Background(), expired[0], time.Second))
+		took := time.Since(start)
+		require.NoError(b, sess.Close())
+		require.Empty(b, bb.rows(b))
+		b.ReportMetric(ms(took), "drop_ms")
+		b.Logf("dropped %s (%d rows) in %s", name, benchRows, took.Round(time.Microsecond))
+	}
+}
+
+// claimLatencies runs four claiming workers, each claim and commit timed,
+// for two seconds or, when work is set, while work runs.
+func claimLatencies(b *testing.B, bb *bundle, prefix string, work func()) []time.Duration {
+	var (
+		mu    sync.Mutex
+		lat   []time.Duration
+		stop  atomic.Bool
+		wg    sync.WaitGroup
+		count atomic.Int64
+	)
+	for w := range 4 {
+		wg.Go(func() {
+			for !stop.Load() {
+				id := fmt.Sprintf("%s-%d-%d", prefix, w, count.Add(1))
+				start := time.Now()
+				tx, ok, err := bb.store.Claim(context.Background(), nil, "live", id)
+				if err == nil && ok {
+					err = tx.Commit()
+				}
+				d := time.Since(start)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
+			}
+		})
+	}
+	if work != nil {
+		work()
+	} else {
+		time.Sleep(2 * time.Second)
+	}
+	stop.Store(true)
+	wg.Wait()
+	slices.Sort(lat)
+	return lat
+}
+
+func p50(d []time.Duration) time.Duration { return d[len(d)/2] }
+func p99(d []time.Duration) time.Duration { return d[len(d)*99/100] }
+func ms(d time.Duration) float64          { return float64(d) / float64(time.Millisecond) }
