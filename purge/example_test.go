@@ -1,0 +1,64 @@
+package purge_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"time"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/watermill-inbox/inbox/purge"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// A claim from 20 days ago is purged with a 14-day retention; yesterday's
+// stays, so its redelivery is still a duplicate.
+func Example() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "purge-example")
+	defer os.RemoveAll(dir)
+	db, err := sql.Open("sqlite", sqlinbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.CreateSchema(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Two claims, as the middleware would have made them back then.
+	_, _ = db.Exec(`INSERT INTO watermill_inbox (consumer, event_id, processed_at) VALUES
+		('invoicing', 'order-1', strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-20 days')),
+		('invoicing', 'order-2', strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 days'))`)
+
+	_, err = purge.New(store, purge.Config{Retention: time.Hour})
+	fmt.Println(err != nil) // below the 24h floor: refused
+
+	p, err := purge.New(store, purge.Config{Retention: 14 * 24 * time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	deleted, err := p.PurgeOnce(ctx)
+	if err != nil && !errors.Is(err, purge.ErrSkipped) {
+		log.Fatal(err)
+	}
+	fmt.Println("purged:", deleted)
+
+	_, isNew, err := store.Claim(ctx, nil, "invoicing", "order-2")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("order-2 processed again:", isNew)
+	// Output:
+	// true
+	// purged: 1
+	// order-2 processed again: false
+}
