@@ -29,6 +29,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -41,11 +42,14 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/bench"
+	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 type options struct {
 	drivers  string
 	dsn      string
+	mysqlDSN string
+	sqlite   string
 	conc     []int
 	duration time.Duration
 	rounds   int
@@ -60,7 +64,11 @@ func main() {
 	var o options
 	var conc string
 	flag.StringVar(&o.drivers, "drivers", "all", "comma-separated drivers: "+driverNames()+", or all")
-	flag.StringVar(&o.dsn, "dsn", defaultDSN(), "PostgreSQL URL (default: $INBOX_BENCH_POSTGRES_DSN, $INBOX_TEST_POSTGRES_DSN, or the local test database)")
+	flag.StringVar(&o.dsn, "dsn", env("postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "INBOX_BENCH_POSTGRES_DSN", "INBOX_TEST_POSTGRES_DSN"),
+		"PostgreSQL URL (default: $INBOX_BENCH_POSTGRES_DSN, $INBOX_TEST_POSTGRES_DSN, or the local test database)")
+	flag.StringVar(&o.mysqlDSN, "mysql-dsn", env("root@tcp(127.0.0.1:3306)/test", "INBOX_BENCH_MYSQL_DSN", "INBOX_TEST_MYSQL_DSN"),
+		"MySQL/MariaDB DSN (default: $INBOX_BENCH_MYSQL_DSN, $INBOX_TEST_MYSQL_DSN, or the local test database)")
+	flag.StringVar(&o.sqlite, "sqlite", "", "SQLite database file (default: a temporary file, removed at exit)")
 	flag.StringVar(&conc, "c", "1,8,32", "comma-separated concurrencies (workers and pool size)")
 	flag.DurationVar(&o.duration, "duration", 2*time.Second, "length of one measured run of one mode")
 	flag.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per concurrency")
@@ -86,19 +94,19 @@ func main() {
 	}
 }
 
-func defaultDSN() string {
-	for _, k := range []string{"INBOX_BENCH_POSTGRES_DSN", "INBOX_TEST_POSTGRES_DSN"} {
+func env(def string, keys ...string) string {
+	for _, k := range keys {
 		if v := os.Getenv(k); v != "" {
 			return v
 		}
 	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	return def
 }
 
 func driverNames() string {
 	names := make([]string, len(bench.Drivers))
 	for i, d := range bench.Drivers {
-		names[i] = strings.TrimPrefix(d.Name, "postgresql/")
+		names[i] = d.Name
 	}
 	return strings.Join(names, ", ")
 }
@@ -115,16 +123,46 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	admin, err := bench.OpenPostgres(ctx, o.dsn)
+	if o.sqlite == "" {
+		dir, err := os.MkdirTemp("", "inbox-bench")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		o.sqlite = filepath.Join(dir, "bench.db")
+	}
+	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: one row, no index, own transaction\n",
+		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration)
+	fmt.Fprintln(o.out, "dedup = watermill middleware.Deduplicator: in memory, not durable, drops the redelivery of a message whose handler failed")
+	for _, d := range drivers {
+		if err := runDriver(ctx, o, d); err != nil {
+			return fmt.Errorf("%s: %w", d.Name, err)
+		}
+	}
+	return nil
+}
+
+func (o options) dsnFor(d bench.Driver) string {
+	switch d.Dialect() {
+	case "mysql":
+		return o.mysqlDSN
+	case "sqlite":
+		return sqlinbox.SQLiteDSN(o.sqlite)
+	}
+	return o.dsn
+}
+
+func runDriver(ctx context.Context, o options, d bench.Driver) error {
+	dsn := o.dsnFor(d)
+	admin, err := bench.OpenAdmin(ctx, d, dsn)
 	if err != nil {
 		return err
 	}
 	defer admin.Close()
-
 	full := ""
 	if o.prefill > 0 {
 		full = fmt.Sprintf("inbox_bench_prefill_%d", o.prefill)
-		fmt.Fprintf(o.out, "prefilling %s with %d claims (once; the table is kept for later runs)\n", full, o.prefill)
+		fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims (the table is kept for later runs)\n", full, d.Dialect(), o.prefill)
 		last := time.Now()
 		err := admin.Prefill(ctx, full, o.prefill, func(done int64) {
 			if time.Since(last) > 10*time.Second {
@@ -137,18 +175,6 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
-	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: one row, no index, own transaction\n",
-		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration)
-	fmt.Fprintln(o.out, "dedup = watermill middleware.Deduplicator: in memory, not durable, drops the redelivery of a message whose handler failed")
-	for _, d := range drivers {
-		if err := runDriver(ctx, o, admin, d, full); err != nil {
-			return fmt.Errorf("%s: %w", d.Name, err)
-		}
-	}
-	return nil
-}
-
-func runDriver(ctx context.Context, o options, admin *bench.Postgres, d bench.Driver, full string) error {
 	effects, empty := bench.Name("inbox_bench_effects"), bench.Name("inbox_bench")
 	defer func() { _ = admin.Drop(context.WithoutCancel(ctx), effects, empty) }()
 	if err := admin.CreateEffects(ctx, effects); err != nil {
@@ -158,7 +184,7 @@ func runDriver(ctx context.Context, o options, admin *bench.Postgres, d bench.Dr
 		return err
 	}
 	var rt bench.RoundTrips
-	conn, err := d.Open(ctx, o.dsn, slices.Max(o.conc), &rt)
+	conn, err := d.Open(ctx, dsn, slices.Max(o.conc), &rt)
 	if err != nil {
 		return err
 	}
@@ -207,7 +233,7 @@ func runDriver(ctx context.Context, o options, admin *bench.Postgres, d bench.Dr
 	}
 
 	fmt.Fprintf(o.out, "\n== %s\n", d.Name)
-	if err := costs(ctx, o, admin, &rt, modes); err != nil {
+	if err := costs(ctx, o, admin, d, &rt, modes); err != nil {
 		return err
 	}
 	for _, c := range o.conc {
@@ -242,7 +268,7 @@ func selectModes(all []mode, list string) ([]mode, error) {
 // costs measures one message at a time: round trips and allocations are
 // exact averages; WAL is the smallest of three samples, because other
 // sessions on the server write WAL too.
-func costs(ctx context.Context, o options, admin *bench.Postgres, rt *bench.RoundTrips, modes []mode) error {
+func costs(ctx context.Context, o options, admin *bench.Admin, d bench.Driver, rt *bench.RoundTrips, modes []mode) error {
 	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "one at a time\tround trips/msg\tWAL bytes/msg\tallocs/msg\t")
 	for _, m := range modes {
@@ -250,20 +276,22 @@ func costs(ctx context.Context, o options, admin *bench.Postgres, rt *bench.Roun
 			return fmt.Errorf("%s: %w", m.name, err)
 		}
 		var trips, wal, allocs float64 = 0, -1, -1
+		hasWAL := false
 		for s := range 3 {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			mallocs := ms.Mallocs
-			lsn0, err := admin.WALPosition(ctx)
+			lsn0, ok, err := admin.WALPosition(ctx)
 			if err != nil {
 				return err
 			}
+			hasWAL = ok
 			rt0 := rt.Count()
 			if err := bench.RunN(m.h, o.sample, m.msgs); err != nil {
 				return fmt.Errorf("%s: %w", m.name, err)
 			}
 			rt1 := rt.Count()
-			lsn1, err := admin.WALPosition(ctx)
+			lsn1, _, err := admin.WALPosition(ctx)
 			if err != nil {
 				return err
 			}
@@ -279,7 +307,14 @@ func costs(ctx context.Context, o options, admin *bench.Postgres, rt *bench.Roun
 				allocs = a
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.0f\t%.0f\t\n", m.name, trips, wal, allocs)
+		tripsCol, walCol := fmt.Sprintf("%.2f", trips), fmt.Sprintf("%.0f", wal)
+		if d.Embedded {
+			tripsCol = "-"
+		}
+		if !hasWAL {
+			walCol = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t\n", m.name, tripsCol, walCol, allocs)
 	}
 	return tw.Flush()
 }

@@ -2,6 +2,7 @@ package bench_test
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/watermill-inbox/inbox/internal/bench"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 // fixture is one driver's pool with an empty inbox, a business table and a
@@ -24,7 +26,8 @@ type fixture struct {
 func setup(tb testing.TB, d bench.Driver, conns int) *fixture {
 	tb.Helper()
 	ctx := context.Background()
-	admin, err := bench.OpenPostgres(ctx, testdb.PostgresDSN())
+	dsn := dsnFor(tb, d)
+	admin, err := bench.OpenAdmin(ctx, d, dsn)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = admin.Close() })
 	effects, table := bench.Name("inbox_bench_effects"), bench.Name("inbox_bench")
@@ -33,7 +36,7 @@ func setup(tb testing.TB, d bench.Driver, conns int) *fixture {
 	require.NoError(tb, admin.CreateInbox(ctx, table))
 
 	f := &fixture{}
-	conn, err := d.Open(ctx, testdb.PostgresDSN(), conns, &f.rt)
+	conn, err := d.Open(ctx, dsn, conns, &f.rt)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = conn.Close() })
 	f.bare = conn.Bare(effects)
@@ -46,6 +49,18 @@ func setup(tb testing.TB, d bench.Driver, conns int) *fixture {
 	require.NoError(tb, bench.RunN(f.inbox, len(f.dups), sequence(f.dups)))
 	require.NoError(tb, bench.RunN(f.bare, 10, bench.NewMessages()))
 	return f
+}
+
+// dsnFor returns the test database of d's dialect (a fresh file for
+// SQLite).
+func dsnFor(tb testing.TB, d bench.Driver) string {
+	switch d.Dialect() {
+	case "mysql":
+		return testdb.MySQLDSN()
+	case "sqlite":
+		return sqlinbox.SQLiteDSN(filepath.Join(tb.TempDir(), "bench.db"))
+	}
+	return testdb.PostgresDSN()
 }
 
 func sequence(ids []string) bench.Messages {
@@ -124,6 +139,9 @@ func BenchmarkInboxOverBare(b *testing.B) {
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	for _, d := range bench.Drivers {
+		if d.Embedded {
+			continue // no network
+		}
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			f := setup(t, d, 1)

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -36,7 +37,14 @@ type Driver struct {
 	// Pipelined drivers send BEGIN with the claim: the inbox adds no round
 	// trip to a new message.
 	Pipelined bool
+	// Embedded databases have no network, hence no round trips.
+	Embedded bool
+
+	db *database
 }
+
+// Dialect returns the driver's database: postgresql, mysql or sqlite.
+func (d Driver) Dialect() string { return d.db.dialect.String() }
 
 // Conn is an open pool of one driver.
 type Conn interface {
@@ -51,9 +59,11 @@ type Conn interface {
 
 // Drivers lists every driver the benchmark knows, by name.
 var Drivers = []Driver{
-	{Name: "postgresql/lib-pq", Open: openLibPQ},
-	{Name: "postgresql/pgx-stdlib", Open: openPgxStdlib},
-	{Name: "postgresql/pgx", Open: openPgx, Pipelined: true},
+	{Name: "postgresql/lib-pq", Open: openLibPQ, db: postgresDB},
+	{Name: "postgresql/pgx-stdlib", Open: openPgxStdlib, db: postgresDB},
+	{Name: "postgresql/pgx", Open: openPgx, Pipelined: true, db: postgresDB},
+	{Name: "mysql/go-sql-driver", Open: openMySQL, db: mysqlDB},
+	{Name: "sqlite/modernc", Open: openSQLite, Embedded: true, db: sqliteDB},
 }
 
 // FindDrivers returns the drivers named in the comma-separated list ("all"
@@ -66,7 +76,7 @@ func FindDrivers(list string) ([]Driver, error) {
 	for _, name := range strings.Split(list, ",") {
 		found := false
 		for _, d := range Drivers {
-			if d.Name == name || strings.TrimPrefix(d.Name, "postgresql/") == name {
+			if d.Name == name || d.Name[strings.IndexByte(d.Name, '/')+1:] == name || d.Dialect() == name {
 				out = append(out, d)
 				found = true
 			}
@@ -89,7 +99,7 @@ func openLibPQ(_ context.Context, dsn string, maxConns int, rt *RoundTrips) (Con
 		return nil, err
 	}
 	c.Dialer(rt)
-	return newSQLConn(sql.OpenDB(c), maxConns), nil
+	return newSQLConn(sql.OpenDB(c), postgresDB, maxConns), nil
 }
 
 func openPgxStdlib(_ context.Context, dsn string, maxConns int, rt *RoundTrips) (Conn, error) {
@@ -98,22 +108,46 @@ func openPgxStdlib(_ context.Context, dsn string, maxConns int, rt *RoundTrips) 
 		return nil, err
 	}
 	cfg.DialFunc = rt.DialContext
-	return newSQLConn(stdlib.OpenDB(*cfg), maxConns), nil
+	return newSQLConn(stdlib.OpenDB(*cfg), postgresDB, maxConns), nil
+}
+
+func openMySQL(_ context.Context, dsn string, maxConns int, rt *RoundTrips) (Conn, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.DialFunc = rt.DialContext
+	c, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return newSQLConn(sql.OpenDB(c), mysqlDB, maxConns), nil
+}
+
+func openSQLite(_ context.Context, dsn string, maxConns int, _ *RoundTrips) (Conn, error) {
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	return newSQLConn(db, sqliteDB, maxConns), nil
 }
 
 // sqlConn is a database/sql pool.
-type sqlConn struct{ db *sql.DB }
+type sqlConn struct {
+	db *sql.DB
+	d  *database
+}
 
-func newSQLConn(db *sql.DB, maxConns int) *sqlConn {
+func newSQLConn(db *sql.DB, d *database, maxConns int) *sqlConn {
 	// database/sql keeps 2 idle connections by default: every worker beyond
 	// that would reconnect per message.
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
-	return &sqlConn{db: db}
+	return &sqlConn{db: db, d: d}
 }
 
 func (c *sqlConn) Bare(effects string) message.HandlerFunc {
-	insert := insertEffect(effects)
+	insert := insertEffect(effects, c.d)
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		tx, err := c.db.BeginTx(ctx, nil)
@@ -129,7 +163,7 @@ func (c *sqlConn) Bare(effects string) message.HandlerFunc {
 }
 
 func (c *sqlConn) Inbox(table, effects string) (message.HandlerFunc, error) {
-	store, err := sqlinbox.New(c.db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table})
+	store, err := sqlinbox.New(c.db, sqlinbox.Config{Dialect: c.d.dialect, Table: table})
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +171,7 @@ func (c *sqlConn) Inbox(table, effects string) (message.HandlerFunc, error) {
 	if err != nil {
 		return nil, err
 	}
-	insert := insertEffect(effects)
+	insert := insertEffect(effects, c.d)
 	return mw(func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		tx, _ := inbox.TxFromContext(ctx)
@@ -149,8 +183,8 @@ func (c *sqlConn) Inbox(table, effects string) (message.HandlerFunc, error) {
 func (c *sqlConn) Close() error { return c.db.Close() }
 
 // insertEffect is the smallest business write: one row, no index.
-func insertEffect(effects string) string {
-	return `INSERT INTO ` + effects + ` (event_id) VALUES ($1)`
+func insertEffect(effects string, d *database) string {
+	return `INSERT INTO ` + effects + ` (event_id) VALUES (` + d.ph(1) + `)`
 }
 
 // Name returns a fresh table name starting with prefix.
@@ -178,7 +212,7 @@ func openPgx(ctx context.Context, dsn string, maxConns int, rt *RoundTrips) (Con
 type pgxConn struct{ pool *pgxpool.Pool }
 
 func (c *pgxConn) Bare(effects string) message.HandlerFunc {
-	insert := insertEffect(effects)
+	insert := insertEffect(effects, postgresDB)
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		tx, err := c.pool.Begin(ctx)
@@ -202,7 +236,7 @@ func (c *pgxConn) Inbox(table, effects string) (message.HandlerFunc, error) {
 	if err != nil {
 		return nil, err
 	}
-	insert := insertEffect(effects)
+	insert := insertEffect(effects, postgresDB)
 	return mw(func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		tx, _ := pgxinbox.TxFromContext(ctx)

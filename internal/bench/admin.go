@@ -1,0 +1,181 @@
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	_ "github.com/go-sql-driver/mysql" // registers "mysql" for the admin pool
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx" for the admin pool
+	_ "modernc.org/sqlite"             // registers "sqlite"
+
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// Admin sets up and inspects the benchmark's tables on an uncounted
+// connection, so that setup never shows up in the round trips measured.
+type Admin struct {
+	db *sql.DB
+	d  *database
+}
+
+// database is what differs between the dialects for the benchmark's own
+// tables.
+type database struct {
+	dialect    sqlinbox.Dialect
+	sqlDriver  string // database/sql driver name of the admin pool
+	textType   string // the business table's id column
+	truncate   string // statement prefix emptying one table
+	ph         func(n int) string
+	prefill    func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error
+	walPostion string // query of the WAL insert position, "" if not measured
+}
+
+var (
+	postgresDB = &database{
+		dialect: sqlinbox.PostgreSQL, sqlDriver: "pgx", textType: "text", truncate: "TRUNCATE ",
+		ph: func(n int) string { return fmt.Sprintf("$%d", n) },
+		prefill: func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error {
+			_, err := db.ExecContext(ctx, `INSERT INTO `+table+` (consumer, event_id)
+SELECT $1, md5(i::text)::uuid::text FROM generate_series($2::bigint, $3::bigint) i ORDER BY 2 ON CONFLICT DO NOTHING`, Consumer, lo, hi)
+			return err
+		},
+		walPostion: `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`,
+	}
+	mysqlDB = &database{
+		dialect: sqlinbox.MySQL, sqlDriver: "mysql", textType: "VARCHAR(64)", truncate: "TRUNCATE TABLE ",
+		ph: func(int) string { return "?" },
+		// MariaDB's SEQUENCE engine numbers the rows.
+		prefill: func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error {
+			_, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, event_id)
+SELECT ?, CONCAT_WS('-', SUBSTR(h, 1, 8), SUBSTR(h, 9, 4), SUBSTR(h, 13, 4), SUBSTR(h, 17, 4), SUBSTR(h, 21, 12))
+FROM (SELECT MD5(seq) AS h FROM seq_%d_to_%d) s ORDER BY h ON DUPLICATE KEY UPDATE consumer = consumer`, table, lo, hi), Consumer)
+			return err
+		},
+	}
+	sqliteDB = &database{
+		dialect: sqlinbox.SQLite, sqlDriver: "sqlite", textType: "TEXT", truncate: "DELETE FROM ",
+		ph: func(int) string { return "?" },
+		prefill: func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback() //nolint:errcheck // no-op after Commit
+			stmt, err := tx.PrepareContext(ctx, `INSERT OR IGNORE INTO `+table+` (consumer, event_id) VALUES (?, ?)`)
+			if err != nil {
+				return err
+			}
+			for i := lo; i <= hi; i++ {
+				if _, err := stmt.ExecContext(ctx, Consumer, PrefilledID(i)); err != nil {
+					return err
+				}
+			}
+			return tx.Commit()
+		},
+	}
+)
+
+// OpenAdmin connects the admin pool of d's database at dsn.
+func OpenAdmin(ctx context.Context, d Driver, dsn string) (*Admin, error) {
+	db, err := sql.Open(d.db.sqlDriver, dsn)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(2)
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("no %s answers at %s: %w", d.db.dialect, dsn, err)
+	}
+	return &Admin{db: db, d: d.db}, nil
+}
+
+// Close closes the admin pool.
+func (a *Admin) Close() error { return a.db.Close() }
+
+// CreateEffects creates the business table: the smallest write a handler
+// can make, one row in a table without indexes.
+func (a *Admin) CreateEffects(ctx context.Context, table string) error {
+	_, err := a.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (event_id `+a.d.textType+` NOT NULL)`)
+	return err
+}
+
+// CreateInbox creates an inbox table through the library, as users do.
+func (a *Admin) CreateInbox(ctx context.Context, table string) error {
+	s, err := sqlinbox.New(a.db, sqlinbox.Config{Dialect: a.d.dialect, Table: table})
+	if err != nil {
+		return err
+	}
+	return s.CreateSchema(ctx)
+}
+
+// Truncate empties tables.
+func (a *Admin) Truncate(ctx context.Context, tables ...string) error {
+	for _, t := range tables {
+		if _, err := a.db.ExecContext(ctx, a.d.truncate+t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Drop drops tables if they exist.
+func (a *Admin) Drop(ctx context.Context, tables ...string) error {
+	for _, t := range tables {
+		if _, err := a.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Prefill makes sure inbox table holds the claims of events 1..n for
+// Consumer (ids from PrefilledID), inserting what is missing in chunks of a
+// million rows, each sorted by key so that the index is written page by
+// page instead of at random. An existing table is reused, so the expensive
+// fill happens once.
+func (a *Admin) Prefill(ctx context.Context, table string, n int64, progress func(done int64)) error {
+	if err := a.CreateInbox(ctx, table); err != nil {
+		return err
+	}
+	const chunk = 1_000_000
+	filled := false
+	for lo := int64(1); lo <= n; lo += chunk {
+		hi := min(lo+chunk-1, n)
+		var done int
+		err := a.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT COUNT(*) FROM %s WHERE consumer = %s AND event_id = %s`,
+			table, a.d.ph(1), a.d.ph(2)), Consumer, PrefilledID(hi)).Scan(&done)
+		if err != nil {
+			return err
+		}
+		if done == 0 {
+			if err := a.d.prefill(ctx, a.db, table, lo, hi); err != nil {
+				return err
+			}
+			filled = true
+		}
+		if progress != nil {
+			progress(hi)
+		}
+	}
+	if filled && a.d.dialect == sqlinbox.PostgreSQL {
+		// As a long-lived table would be: visibility map set, statistics.
+		if _, err := a.db.ExecContext(ctx, `VACUUM ANALYZE `+table); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WALPosition returns the server's current WAL insert position in bytes,
+// and false where the database offers no such measure. The difference
+// between two positions is the WAL written in between, by every session on
+// the server.
+func (a *Admin) WALPosition(ctx context.Context) (int64, bool, error) {
+	if a.d.walPostion == "" {
+		return 0, false, nil
+	}
+	var lsn int64
+	err := a.db.QueryRowContext(ctx, a.d.walPostion).Scan(&lsn)
+	return lsn, err == nil, err
+}
