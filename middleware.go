@@ -104,6 +104,13 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	return e.Middleware, nil
 }
 
+func init() {
+	engine.AdaptObserver = func(o any) func(context.Context) (context.Context, func(engine.Observation)) {
+		obs, _ := o.(Observer)
+		return observe(obs)
+	}
+}
+
 // observe adapts o to the middleware engine; nil stays nil, so that
 // messages cost nothing extra without an observer.
 func observe(o Observer) func(context.Context) (context.Context, func(engine.Observation)) {

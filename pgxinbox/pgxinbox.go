@@ -67,6 +67,10 @@ type Config struct {
 	// publishes them after the commit, and loses them if that publish fails.
 	ProducedPublisher func(tx pgx.Tx) (message.Publisher, error)
 
+	// Observer, when set, is told about every message (outcome, timings),
+	// as in inbox.Config. Defaults to nil.
+	Observer inbox.Observer
+
 	// Logger receives a debug line per duplicate and errors from AfterCommit
 	// hooks. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -101,6 +105,9 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 		Rollback:  func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
 		Publisher: config.ProducedPublisher,
 		Logger:    config.Logger,
+	}
+	if config.Observer != nil {
+		e.Observe = engine.AdaptObserver(config.Observer)
 	}
 	if checker, ok := config.Store.(inbox.EventIDChecker); ok {
 		e.CheckEventID = checker.CheckEventID

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -198,4 +199,32 @@ func TestNewPgxRefusesWhatItCannotDo(t *testing.T) {
 	require.ErrorContains(t, err, "Store")
 	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{Store: newStore(t, sqlinbox.Config{}), Consumer: "a\x00"})
 	require.ErrorContains(t, err, "Consumer")
+}
+
+type recorder struct {
+	mu       sync.Mutex
+	outcomes []inbox.Outcome
+}
+
+func (r *recorder) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+	return ctx, func(o inbox.Observation) {
+		r.mu.Lock()
+		r.outcomes = append(r.outcomes, o.Outcome)
+		r.mu.Unlock()
+	}
+}
+
+// The observer sees the pgx path's outcomes as it sees database/sql's.
+func TestObserver(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{})
+	rec := &recorder{}
+	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: f.store, Consumer: "c", Observer: rec})
+	require.NoError(t, err)
+	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	_, _ = mw(func(*message.Message) ([]*message.Message, error) { return nil, errors.New("fail") })(msg("a"))
+	_, _ = mw(ok)(msg("a"))
+	_, _ = mw(ok)(msg("a"))
+	_, _ = mw(ok)(msg("a\x00b"))
+	require.Equal(t, []inbox.Outcome{inbox.OutcomeRolledBack, inbox.OutcomeProcessed, inbox.OutcomeDuplicate, inbox.OutcomeInvalidID}, rec.outcomes)
 }

@@ -59,6 +59,11 @@ type Observation struct {
 	Duration      time.Duration
 }
 
+// AdaptObserver turns an inbox.Observer, which this package cannot name,
+// into Engine.Observe (nil for none). Package inbox sets it when it is
+// initialised, so every package that imports inbox finds it set.
+var AdaptObserver func(observer any) func(context.Context) (context.Context, func(Observation))
+
 // errPanicked is the Err of the observation of a handler that panicked; the
 // panic itself goes on unchanged.
 var errPanicked = errors.New("inbox: handler panicked")
