@@ -233,7 +233,11 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 	}
 
 	fmt.Fprintf(o.out, "\n== %s\n", d.Name)
-	if err := costs(ctx, o, admin, d, &rt, modes); err != nil {
+	tables := []string{effects, empty}
+	if full != "" {
+		tables = append(tables, full)
+	}
+	if err := costs(ctx, o, admin, d, &rt, modes, tables); err != nil {
 		return err
 	}
 	for _, c := range o.conc {
@@ -265,58 +269,81 @@ func selectModes(all []mode, list string) ([]mode, error) {
 	return out, nil
 }
 
-// costs measures one message at a time: round trips and allocations are
-// exact averages; WAL is the smallest of three samples, because other
-// sessions on the server write WAL too.
-func costs(ctx context.Context, o options, admin *bench.Admin, d bench.Driver, rt *bench.RoundTrips, modes []mode) error {
+// costs measures one message at a time, in three samples: round trips and
+// allocations are exact averages (allocations: the smallest sample, as GC
+// and other goroutines add noise). WAL, on PostgreSQL with pg_walinspect,
+// counts only the records of the benchmark's transactions, with full-page
+// images (written for the first change to a page after each checkpoint, so
+// they depend on the checkpoint rhythm) apart; without it, it is the
+// smallest sample of everything the server wrote.
+func costs(ctx context.Context, o options, admin *bench.Admin, d bench.Driver, rt *bench.RoundTrips, modes []mode, tables []string) error {
+	wal := admin.WAL(ctx)
 	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "one at a time\tround trips/msg\tWAL bytes/msg\tallocs/msg\t")
+	fmt.Fprintln(tw, "one at a time\tround trips/msg\tWAL bytes/msg\tfull-page image bytes/msg\tallocs/msg\t")
 	for _, m := range modes {
 		if err := bench.RunN(m.h, min(o.sample, 50), m.msgs); err != nil { // warm: prepare statements
 			return fmt.Errorf("%s: %w", m.name, err)
 		}
-		var trips, wal, allocs float64 = 0, -1, -1
-		hasWAL := false
+		var trips, allocs float64 = 0, -1
+		var records, fpi []float64
+		exact := false
 		for s := range 3 {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			mallocs := ms.Mallocs
-			lsn0, ok, err := admin.WALPosition(ctx)
-			if err != nil {
-				return err
+			var from, to bench.WALMark
+			var err error
+			if wal != nil {
+				if from, err = wal.Mark(ctx); err != nil {
+					return err
+				}
 			}
-			hasWAL = ok
 			rt0 := rt.Count()
 			if err := bench.RunN(m.h, o.sample, m.msgs); err != nil {
 				return fmt.Errorf("%s: %w", m.name, err)
 			}
 			rt1 := rt.Count()
-			lsn1, _, err := admin.WALPosition(ctx)
-			if err != nil {
-				return err
-			}
 			runtime.ReadMemStats(&ms)
 			n := float64(o.sample)
 			if s == 0 {
 				trips = float64(rt1-rt0) / n
 			}
-			if w := float64(lsn1-lsn0) / n; wal < 0 || w < wal {
-				wal = w
-			}
 			if a := float64(ms.Mallocs-mallocs) / n; allocs < 0 || a < allocs {
 				allocs = a
 			}
+			if wal != nil {
+				if to, err = wal.Mark(ctx); err != nil {
+					return err
+				}
+				r, f, ok, err := wal.Between(ctx, from, to, tables...)
+				if err != nil {
+					return fmt.Errorf("measuring WAL: %w", err)
+				}
+				exact = ok
+				records, fpi = append(records, float64(r)/n), append(fpi, float64(f)/n)
+			}
 		}
-		tripsCol, walCol := fmt.Sprintf("%.2f", trips), fmt.Sprintf("%.0f", wal)
+		tripsCol, walCol, fpiCol := fmt.Sprintf("%.2f", trips), "-", "-"
 		if d.Embedded {
 			tripsCol = "-"
 		}
-		if !hasWAL {
-			walCol = "-"
+		switch {
+		case exact:
+			walCol, fpiCol = fmt.Sprintf("%.0f", mean(records)), fmt.Sprintf("%.0f", mean(fpi))
+		case wal != nil:
+			walCol = fmt.Sprintf("%.0f (server-wide)", slices.Min(records))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t\n", m.name, tripsCol, walCol, allocs)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f\t\n", m.name, tripsCol, walCol, fpiCol, allocs)
 	}
 	return tw.Flush()
+}
+
+func mean(xs []float64) float64 {
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
 }
 
 func throughput(ctx context.Context, o options, c int, modes []mode) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 
 	_ "github.com/go-sql-driver/mysql" // registers "mysql" for the admin pool
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx" for the admin pool
@@ -28,7 +29,6 @@ type database struct {
 	truncate   string // statement prefix emptying one table
 	ph         func(n int) string
 	prefill    func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error
-	walPostion string // query of the WAL insert position, "" if not measured
 }
 
 var (
@@ -40,7 +40,6 @@ var (
 SELECT $1, md5(i::text)::uuid::text FROM generate_series($2::bigint, $3::bigint) i ORDER BY 2 ON CONFLICT DO NOTHING`, Consumer, lo, hi)
 			return err
 		},
-		walPostion: `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`,
 	}
 	mysqlDB = &database{
 		dialect: sqlinbox.MySQL, sqlDriver: "mysql", textType: "VARCHAR(64)", truncate: "TRUNCATE TABLE ",
@@ -167,15 +166,59 @@ func (a *Admin) Prefill(ctx context.Context, table string, n int64, progress fun
 	return nil
 }
 
-// WALPosition returns the server's current WAL insert position in bytes,
-// and false where the database offers no such measure. The difference
-// between two positions is the WAL written in between, by every session on
-// the server.
-func (a *Admin) WALPosition(ctx context.Context) (int64, bool, error) {
-	if a.d.walPostion == "" {
-		return 0, false, nil
+// WAL measures the WAL the benchmark's own transactions write, apart from
+// every other session on the server.
+type WAL struct {
+	a       *Admin
+	inspect bool // pg_walinspect is available
+}
+
+// WALMark is a position in the WAL.
+type WALMark struct {
+	lsn   string
+	bytes int64
+}
+
+// WAL returns the WAL meter, or nil where the database has none
+// (PostgreSQL only). With the pg_walinspect extension (created here when
+// the role may) it counts only the records of transactions that touched
+// tables, and splits full-page images from the rest; without it, it counts
+// every byte the server wrote meanwhile.
+func (a *Admin) WAL(ctx context.Context) *WAL {
+	if a.d.dialect != sqlinbox.PostgreSQL {
+		return nil
 	}
-	var lsn int64
-	err := a.db.QueryRowContext(ctx, a.d.walPostion).Scan(&lsn)
-	return lsn, err == nil, err
+	_, err := a.db.ExecContext(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`)
+	return &WAL{a: a, inspect: err == nil}
+}
+
+// Mark returns the current position of the flushed WAL.
+func (w *WAL) Mark(ctx context.Context) (WALMark, error) {
+	var m WALMark
+	err := w.a.db.QueryRowContext(ctx, `SELECT pg_current_wal_flush_lsn()::text, pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::bigint`).Scan(&m.lsn, &m.bytes)
+	return m, err
+}
+
+// Between returns the WAL written between from and to by transactions that
+// wrote to tables (or their indexes): record bytes without full-page images,
+// and the full-page images' bytes (0 and exact false without
+// pg_walinspect: then records holds every byte the server wrote).
+func (w *WAL) Between(ctx context.Context, from, to WALMark, tables ...string) (records, fpi int64, exact bool, err error) {
+	if !w.inspect {
+		return to.bytes - from.bytes, 0, false, nil
+	}
+	// A transaction is ours when one of its records references a block of
+	// our tables; its commit record then counts too.
+	err = w.a.db.QueryRowContext(ctx, `
+WITH rels AS (
+	SELECT '/' || pg_relation_filenode(c.oid) || ' ' AS fn FROM pg_class c
+	WHERE c.oid = ANY ($3::regclass[]) OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = ANY ($3::regclass[]))
+), recs AS (
+	SELECT xid, record_length, fpi_length, block_ref FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+), mine AS (
+	SELECT DISTINCT r.xid FROM recs r JOIN rels ON strpos(r.block_ref, rels.fn) > 0 WHERE r.xid <> '0'
+)
+SELECT COALESCE(sum(record_length - fpi_length), 0)::bigint, COALESCE(sum(fpi_length), 0)::bigint
+FROM recs WHERE xid IN (SELECT xid FROM mine)`, from.lsn, to.lsn, "{"+strings.Join(tables, ",")+"}").Scan(&records, &fpi)
+	return records, fpi, true, err
 }
