@@ -207,6 +207,9 @@ func (w *WAL) Between(ctx context.Context, from, to WALMark, tables ...string) (
 	if !w.inspect {
 		return to.bytes - from.bytes, 0, false, nil
 	}
+	if to.bytes <= from.bytes { // nothing written, which pg_walinspect refuses to read
+		return 0, 0, true, nil
+	}
 	// A transaction is ours when one of its records references a block of
 	// our tables; its commit record then counts too.
 	err = w.a.db.QueryRowContext(ctx, `
