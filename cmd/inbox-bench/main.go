@@ -57,6 +57,7 @@ type options struct {
 	sample   int
 	dupIDs   int
 	modes    string
+	kafka    int
 	out      io.Writer
 }
 
@@ -76,6 +77,7 @@ func main() {
 	flag.IntVar(&o.sample, "sample", 500, "messages per sample of the one-at-a-time cost pass")
 	flag.IntVar(&o.dupIDs, "dup-ids", 1000, "distinct events redelivered by the duplicates mode")
 	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
+	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -247,6 +249,15 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		if err := throughput(ctx, o, c, modes); err != nil {
 			return err
 		}
+	}
+	if o.kafka > 0 {
+		// New events only: duplicates and the Deduplicator say nothing
+		// more end to end.
+		km, err := selectModes(modes, "bare,inbox")
+		if err != nil {
+			return fmt.Errorf("-kafka compares the bare and inbox modes: %w", err)
+		}
+		return kafkaEndToEnd(ctx, o, km)
 	}
 	return nil
 }

@@ -26,3 +26,15 @@ func TestSmoke(t *testing.T) {
 	}
 	require.NotContains(t, out.String(), "(", "a mode reported errors:\n%s", out.String())
 }
+
+// The end-to-end run through an in-process Kafka broker works too.
+func TestKafkaSmoke(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	err := run(context.Background(), options{
+		drivers: "pgx", dsn: testdb.PostgresDSN(), conc: []int{2},
+		duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, modes: "bare,inbox", kafka: 20, out: &out,
+	})
+	require.NoError(t, err, out.String())
+	require.Contains(t, out.String(), "kafka, 2 partitions")
+}
