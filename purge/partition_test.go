@@ -106,3 +106,33 @@ func TestMonthlyPartitions(t *testing.T) {
 	require.True(t, b.claim(t, "billing", "ev-1"))
 	require.False(t, b.claim(t, "billing", "ev-1"))
 }
+
+// Dropping a partition needs an exclusive lock on the table. While a long
+// transaction holds the table, the drop gives up after LockTimeout (so
+// claims do not queue behind it) and the next round drops the partition.
+func TestDropWaitsAtMostLockTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, postgres, func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Daily })
+	old := oldPartition(t, b.db, b.table, 10*day)
+	b.seed(t, "billing", "d10-", 10, 10*day)
+
+	// A handler's transaction, still open: its claim holds the table.
+	tx, ok, err := b.store.Claim(context.Background(), nil, "billing", "in-flight")
+	require.NoError(t, err)
+	require.True(t, ok)
+	t.Cleanup(func() { _ = tx.Rollback() }) // before the table is dropped
+
+	p := b.purger(t, purge.Config{Retention: 3 * day, LockTimeout: 100 * time.Millisecond})
+	_, err = p.PurgeOnce(context.Background())
+	require.ErrorContains(t, err, "dropping partition "+old)
+	require.ErrorContains(t, err, "creating partition")
+	require.Contains(t, partitions(t, b.store), old)
+	require.Equal(t, map[string]int64{"billing": 10}, b.rows(t))
+
+	require.NoError(t, tx.Commit())
+	deleted, err := p.PurgeOnce(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 10, deleted)
+	require.NotContains(t, partitions(t, b.store), old)
+	require.Equal(t, map[string]int64{"billing": 1}, b.rows(t))
+}

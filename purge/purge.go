@@ -356,8 +356,16 @@ func (p *Purger) partitions(ctx context.Context, sess *sqlinbox.PurgeSession, r 
 		p.config.Logger.Info("Inbox partition not created: its rows are already in the default partition, which row deletes purge", watermill.LogFields{"table": p.store.Table(), "partition": part.Name})
 	}
 	if err != nil {
-		return fmt.Errorf("purge: %w", err)
+		err = fmt.Errorf("purge: %w", err)
 	}
+	// Creating and dropping are independent: a table lock that times out
+	// for one must not keep the other from happening.
+	return errors.Join(err, p.dropExpired(ctx, sess, r))
+}
+
+// dropExpired drops the partitions whose every row is past the retention.
+// PurgeOnce reports their rows (counted just before the drop) as removed.
+func (p *Purger) dropExpired(ctx context.Context, sess *sqlinbox.PurgeSession, r *round) error {
 	expired, err := sess.ExpiredPartitions(ctx, p.config.Retention)
 	if err != nil {
 		return fmt.Errorf("purge: %w", err)
