@@ -219,6 +219,8 @@ type runConfig struct {
 	producedPublisher func(tx *stdsql.Tx) (message.Publisher, error)
 	// afterEffect runs in the handler after the effect is written.
 	afterEffect func(msg *message.Message) error
+	// effectKey is what the effect row records. Defaults to the event id.
+	effectKey func(msg *message.Message) string
 }
 
 // run consumes topic with sub until the returned stop function is called
@@ -271,8 +273,11 @@ func (s *service) handle(rc runConfig) message.HandlerFunc {
 		if !ok {
 			return nil, errors.New("no inbox transaction")
 		}
-		eventID, _, _ := inbox.EventIDFromContext(ctx)
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.effects+` (event_id) VALUES ($1)`, eventID); err != nil {
+		key, _, _ := inbox.EventIDFromContext(ctx)
+		if rc.effectKey != nil {
+			key = rc.effectKey(msg)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.effects+` (event_id) VALUES ($1)`, key); err != nil {
 			return nil, fmt.Errorf("writing the effect: %w", err)
 		}
 		if rc.afterEffect != nil {
@@ -504,4 +509,36 @@ func (a *orderService) placeOrders(t testing.TB, kafkaTopic string, n int) []str
 		require.NoError(t, tx.Commit())
 	}
 	return ids
+}
+
+// crashAfterCommit returns a middleware for outside the inbox that fails
+// the first delivery of every n-th message after the inbox committed it, as
+// a consumer dying before its ack would: the broker redelivers a message
+// whose effect is already committed.
+func crashAfterCommit(n int64) (message.HandlerMiddleware, *atomic.Int64) {
+	var (
+		mu      sync.Mutex
+		seen    = map[string]bool{}
+		handled int64
+		crashes atomic.Int64
+	)
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err != nil {
+				return out, err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if seen[msg.UUID] {
+				return out, nil
+			}
+			seen[msg.UUID] = true
+			if handled++; handled%n == 0 {
+				crashes.Add(1)
+				return nil, errors.New("consumer crashed after its commit, before the ack")
+			}
+			return out, nil
+		}
+	}, &crashes
 }
