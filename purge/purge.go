@@ -122,6 +122,12 @@ type Config struct {
 	// round. Defaults to DefaultLockTimeout.
 	LockTimeout time.Duration
 
+	// OnRound, when set, is called after every round, Run's included, with
+	// what PurgeOnce returns and how long it took: the hook for metrics,
+	// such as a prommetrics.Metrics' ObservePurge with the table bound.
+	// Defaults to nil.
+	OnRound func(deleted int64, took time.Duration, err error)
+
 	// Logger receives one line per round (rows deleted, duration,
 	// partitions created and dropped) and errors of Run's rounds.
 	// Defaults to watermill.NopLogger.
@@ -235,6 +241,15 @@ func New(store *sqlinbox.Store, config Config) (*Purger, error) {
 // until none is left. It returns the rows removed (dropped partitions
 // included), and ErrSkipped when another purge of the table is running.
 func (p *Purger) PurgeOnce(ctx context.Context) (int64, error) {
+	start := time.Now()
+	n, err := p.purgeOnce(ctx)
+	if p.config.OnRound != nil {
+		p.config.OnRound(n, time.Since(start), err)
+	}
+	return n, err
+}
+
+func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 	if !p.running.TryLock() {
 		p.logSkipped()
 		return 0, ErrSkipped

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -387,7 +388,21 @@ func TestRun(t *testing.T) {
 	forEach(t, func(t *testing.T, tg target) {
 		b := setup(t, tg)
 		b.seed(t, "billing", "old-", 500, 2*day)
-		p := b.purger(t, purge.Config{Retention: day, Interval: 50 * time.Millisecond})
+		var (
+			mu     sync.Mutex
+			rounds []int64
+		)
+		p := b.purger(t, purge.Config{Retention: day, Interval: 50 * time.Millisecond, OnRound: func(n int64, _ time.Duration, err error) {
+			if errors.Is(err, context.Canceled) {
+				return // the round the test's end interrupted
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				n = -1
+			}
+			rounds = append(rounds, n)
+		}})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- p.Run(ctx) }()
@@ -401,5 +416,8 @@ func TestRun(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("Run did not return after its context ended")
 		}
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []int64{500, 100}, slices.DeleteFunc(slices.Clone(rounds), func(n int64) bool { return n == 0 }))
 	})
 }
