@@ -104,4 +104,6 @@ if [ $# -eq 0 ]; then
 	go run ./_examples/quickstart >/dev/null
 	# The metrics example checks its own /metrics page and fails without the counters.
 	go run ./_examples/metrics -addr 127.0.0.1:0 >/dev/null
+	# The complete loop on embedded Kafka; it fails unless every order has one invoice and one notification.
+	go run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
 fi
