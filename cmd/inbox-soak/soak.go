@@ -1,0 +1,612 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/IBM/sarama"
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// options sizes one soak.
+type options struct {
+	deliveries int       // messages published, duplicates included
+	dupRatio   float64   // share of deliveries that are copies of an earlier event
+	partitions int       // of the topic
+	members    int       // consumer group members at most
+	dsn        string    // PostgreSQL, reached directly and through the proxy
+	faultEvery int       // committed records between two injected faults
+	errRate    float64   // share of handler calls that fail after writing the effect
+	panicRate  float64   // share of handler calls that panic after writing the effect
+	keep       bool      // keep the tables for inspection
+	progress   io.Writer // progress lines, or nil
+}
+
+// Kafka client timing: kfake accepts short sessions, so a member that
+// vanishes is expired in seconds and rebalances stay short.
+const (
+	minSessionTimeout = 500 * time.Millisecond
+	sessionTimeout    = 2 * time.Second
+	heartbeatInterval = 100 * time.Millisecond
+	messageTimeout    = 5 * time.Second
+)
+
+// faults counts what the soak injected.
+type faults struct {
+	crashes       atomic.Int64 // members killed after a commit, before the ack
+	left, joined  atomic.Int64 // members leaving and joining the group
+	terminations  atomic.Int64 // pg_terminate_backend rounds
+	terminated    atomic.Int64 // backends they killed inside a transaction
+	proxyCuts     atomic.Int64 // every connection through the proxy cut
+	handlerErrors atomic.Int64
+	panics        atomic.Int64
+}
+
+func (f *faults) total() int64 {
+	return f.crashes.Load() + f.left.Load() + f.joined.Load() + f.terminated.Load() + f.proxyCuts.Load() + f.handlerErrors.Load() + f.panics.Load()
+}
+
+// result is what the database says after the soak.
+type result struct {
+	deliveries, unique, duplicates int
+	attempts                       int64 // messages that reached the middleware, redeliveries included
+	outcomes                       map[inbox.Outcome]int64
+	effects, inboxRows             int64
+	missing, doubled, unknown      int64 // events without effect, events with more than one, effects of no event
+	elapsed                        time.Duration
+}
+
+func (r result) violations() int64 {
+	v := r.missing + r.doubled + r.unknown
+	if r.inboxRows != int64(r.unique) {
+		v++
+	}
+	return v
+}
+
+type soak struct {
+	o       options
+	db      *sql.DB // direct, for setup, faults and the final check
+	cdb     *sql.DB // the consumers', through the proxy
+	proxy   *toxiproxy.Proxy
+	broker  *kfake.Cluster
+	topic   string
+	group   string
+	app     string // application_name of the consumers' connections
+	inbox   string
+	effects string
+	store   *sqlinbox.Store
+
+	faults   faults
+	attempts atomic.Int64
+	outcomes sync.Map // inbox.Outcome -> *atomic.Int64
+	armCrash atomic.Bool
+
+	mu      sync.Mutex
+	members []*member
+	stopped sync.WaitGroup // members stopping in the background
+}
+
+type member struct {
+	router *message.Router
+	sub    *kafka.Subscriber
+	done   chan struct{}
+	once   sync.Once
+}
+
+func name(prefix string) string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
+
+// run is one soak: it publishes, consumes under faults until the group has
+// committed every record, checks the effects in the database and writes the
+// table to out.
+func run(ctx context.Context, o options, out io.Writer) (result, *faults, error) {
+	s := &soak{o: o, topic: name("soak"), group: name("soak"), app: name("inbox_soak"), inbox: name("soak_inbox"), effects: name("soak_effects")}
+	res, err := s.run(ctx)
+	if err == nil {
+		s.print(out, res)
+	}
+	return res, &s.faults, err
+}
+
+func (s *soak) run(ctx context.Context) (res result, err error) {
+	start := time.Now()
+	if err := s.setup(ctx); err != nil {
+		return res, err
+	}
+	defer s.teardown()
+
+	for range s.o.members {
+		if err := s.join(); err != nil {
+			return res, err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	unique, published := s.o.deliveries-int(float64(s.o.deliveries)*s.o.dupRatio), make(chan error, 1)
+	go func() { published <- s.publish(ctx, unique) }()
+
+	chaosDone := make(chan struct{})
+	chaosCtx, stopChaos := context.WithCancel(ctx)
+	go func() { defer close(chaosDone); s.chaos(chaosCtx) }()
+	defer stopChaos()
+
+	if err := <-published; err != nil {
+		return res, fmt.Errorf("publishing: %w", err)
+	}
+	// Faults go on until nine tenths are consumed, then the group drains.
+	if err := s.waitCommitted(ctx, 0.9); err != nil {
+		return res, err
+	}
+	stopChaos()
+	<-chaosDone
+	if err := s.ensureMember(); err != nil {
+		return res, err
+	}
+	if err := s.waitCommitted(ctx, 1); err != nil {
+		return res, err
+	}
+	s.stopAll()
+	res, err = s.check(ctx, unique)
+	res.elapsed = time.Since(start)
+	return res, err
+}
+
+func (s *soak) setup(ctx context.Context) error {
+	var err error
+	if s.db, err = sql.Open("pgx", s.o.dsn); err != nil {
+		return err
+	}
+	if err := s.db.PingContext(ctx); err != nil {
+		return fmt.Errorf("no PostgreSQL at %s: %w", s.o.dsn, err)
+	}
+	if _, err := s.db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (id bigserial PRIMARY KEY, event_id text NOT NULL);
+		CREATE INDEX ON %[1]s (event_id)`, s.effects)); err != nil {
+		return fmt.Errorf("creating the effect table: %w", err)
+	}
+
+	// The consumers reach PostgreSQL through a TCP proxy that the soak
+	// cuts, under an application_name that pg_terminate_backend targets.
+	u, err := url.Parse(s.o.dsn)
+	if err != nil {
+		return fmt.Errorf("parsing -dsn: %w", err)
+	}
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	s.proxy = toxiproxy.NewProxy(srv, "postgres", "127.0.0.1:0", u.Host)
+	if err := s.proxy.Start(); err != nil {
+		return fmt.Errorf("starting the proxy: %w", err)
+	}
+	u.Host = s.proxy.Listen
+	q := u.Query()
+	q.Set("application_name", s.app)
+	u.RawQuery = q.Encode()
+	if s.cdb, err = sql.Open("pgx", u.String()); err != nil {
+		return err
+	}
+	s.cdb.SetMaxOpenConns(s.o.partitions + 4)
+	s.store, err = sqlinbox.New(s.cdb, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: s.inbox})
+	if err != nil {
+		return err
+	}
+	if err := s.store.CreateSchema(ctx); err != nil {
+		return err
+	}
+
+	s.broker, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(minSessionTimeout))
+	if err != nil {
+		return err
+	}
+	return s.broker.CreateTopic(s.topic, int32(s.o.partitions), nil)
+}
+
+func (s *soak) teardown() {
+	s.stopAll()
+	if s.broker != nil {
+		s.broker.Close()
+	}
+	if s.proxy != nil {
+		s.proxy.Stop()
+	}
+	if s.cdb != nil {
+		_ = s.cdb.Close()
+	}
+	if s.db != nil {
+		if !s.o.keep {
+			_, _ = s.db.Exec(`DROP TABLE IF EXISTS ` + s.effects + `, ` + s.inbox)
+		}
+		_ = s.db.Close()
+	}
+}
+
+// publish writes every event once and, spread among them, copies of recent
+// events (a relay republishing after a crash), for deliveries records in all.
+// Each copy has a new message UUID and the event's event_id, as a relay
+// retry builds it; records go round-robin, so copies usually land on another
+// partition and race the original.
+func (s *soak) publish(ctx context.Context, unique int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.broker.ListenAddrs()...), kgo.DefaultProduceTopic(s.topic),
+		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.ProducerLinger(5*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var failed atomic.Pointer[error]
+	produce := func(event int) {
+		rec := &kgo.Record{Value: []byte(`{}`), Headers: []kgo.RecordHeader{
+			{Key: kafka.UUIDHeaderKey, Value: []byte(watermill.NewUUID())},
+			{Key: "event_id", Value: fmt.Appendf(nil, "e%d", event)},
+		}}
+		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+			if err != nil {
+				failed.CompareAndSwap(nil, &err)
+			}
+		})
+	}
+	dups := s.o.deliveries - unique
+	const window = 2000 // copies repeat one of the last window events
+	for i := range unique {
+		produce(i)
+		for range (i+1)*dups/unique - i*dups/unique {
+			produce(max(0, i-mrand.IntN(window)))
+		}
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return err
+	}
+	if p := failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *soak) records() (n int64) {
+	for _, p := range s.broker.PartitionInfos(s.topic) {
+		n += p.HighWatermark
+	}
+	return n
+}
+
+func (s *soak) committed() (n int64) {
+	g := s.broker.GroupInfo(s.group)
+	if g == nil {
+		return 0
+	}
+	for _, c := range g.Commits[s.topic] {
+		n += c.Offset
+	}
+	return n
+}
+
+// waitCommitted waits until the group has committed share of the records;
+// it gives up when nothing moves for a minute.
+func (s *soak) waitCommitted(ctx context.Context, share float64) error {
+	want := int64(float64(s.o.deliveries) * share)
+	last, lastMove := int64(-1), time.Now()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		n := s.committed()
+		if n >= want && (share < 1 || n == s.records()) {
+			return nil
+		}
+		if n != last {
+			if s.o.progress != nil && n/10000 != last/10000 {
+				fmt.Fprintf(s.o.progress, "committed %d/%d, %d faults\n", n, s.o.deliveries, s.faults.total())
+			}
+			last, lastMove = n, time.Now()
+		}
+		if time.Since(lastMove) > time.Minute {
+			return fmt.Errorf("consumption stalled at %d of %d records", n, s.o.deliveries)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *soak) saramaConfig() *sarama.Config {
+	c := kafka.DefaultSaramaSubscriberConfig()
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	// Without it, a synchronous offset commit waits behind the fetch
+	// long-poll (500ms by default).
+	c.Consumer.MaxWaitTime = 50 * time.Millisecond
+	c.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
+	c.Consumer.Group.Session.Timeout = sessionTimeout
+	c.Consumer.Group.Heartbeat.Interval = heartbeatInterval
+	c.Consumer.Group.Rebalance.Timeout = sessionTimeout
+	c.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
+	c.Metadata.Retry.Backoff = 100 * time.Millisecond
+	return c
+}
+
+type committedKey struct{}
+
+// join starts a new member of the consumer group.
+func (s *soak) join() error {
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:               s.broker.ListenAddrs(),
+		Unmarshaler:           kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: s.saramaConfig(),
+		ConsumerGroup:         s.group,
+		NackResendSleep:       10 * time.Millisecond,
+		ReconnectRetrySleep:   100 * time.Millisecond,
+	}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: s.store, Consumer: "soak", Observer: s})
+	if err != nil {
+		return err
+	}
+	m := &member{router: router, sub: sub, done: make(chan struct{})}
+	router.AddConsumerHandler("soak", s.topic, sub, s.handle).AddMiddleware(middleware.Recoverer, s.crashAfterCommit(m), mw)
+	go func() {
+		defer close(m.done)
+		_ = router.Run(context.Background())
+	}()
+	select {
+	case <-router.Running():
+	case <-m.done:
+		return errors.New("a member's router stopped at start")
+	}
+	s.mu.Lock()
+	s.members = append(s.members, m)
+	s.mu.Unlock()
+	return nil
+}
+
+// crashAfterCommit kills the member, when a crash is armed, right after a
+// message's transaction committed and before its ack reaches Kafka: the
+// subscriber closes first, then the router, and the message is nacked. Its
+// offset is not committed, so another member receives it again.
+func (s *soak) crashAfterCommit(m *member) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			s.attempts.Add(1)
+			committed := new(atomic.Bool)
+			// A deadline per message, as a service should have: a
+			// connection left half-open by a cut would otherwise hold
+			// its partition forever.
+			ctx, cancel := context.WithTimeout(msg.Context(), messageTimeout)
+			defer cancel()
+			msg.SetContext(context.WithValue(ctx, committedKey{}, committed))
+			out, err := h(msg)
+			if err != nil || !committed.Load() || !s.armCrash.CompareAndSwap(true, false) {
+				return out, err
+			}
+			s.faults.crashes.Add(1)
+			s.remove(m)
+			s.stopLater(m, true)
+			return nil, errors.New("member killed after commit, before ack")
+		}
+	}
+}
+
+// handle is the effect: one row in a table without a unique key, so that a
+// second effect of one event shows as a second row. Some calls then fail or
+// panic, which must roll the row back.
+func (s *soak) handle(msg *message.Message) error {
+	ctx := msg.Context()
+	tx, ok := inbox.TxFromContext(ctx)
+	if !ok {
+		return errors.New("no inbox transaction")
+	}
+	id, _, _ := inbox.EventIDFromContext(ctx)
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.effects+` (event_id) VALUES ($1)`, id); err != nil {
+		return fmt.Errorf("writing the effect: %w", err)
+	}
+	switch r := mrand.Float64(); {
+	case r < s.o.errRate:
+		s.faults.handlerErrors.Add(1)
+		return errors.New("injected handler error")
+	case r < s.o.errRate+s.o.panicRate:
+		s.faults.panics.Add(1)
+		panic("injected handler panic")
+	}
+	if c, ok := ctx.Value(committedKey{}).(*atomic.Bool); ok {
+		return inbox.AfterCommit(ctx, func(context.Context) error { c.Store(true); return nil })
+	}
+	return nil
+}
+
+// Start implements inbox.Observer: the soak counts outcomes.
+func (s *soak) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+	return ctx, func(ob inbox.Observation) {
+		v, _ := s.outcomes.LoadOrStore(ob.Outcome, new(atomic.Int64))
+		v.(*atomic.Int64).Add(1)
+	}
+}
+
+func (m *member) stop(abrupt bool) {
+	m.once.Do(func() {
+		if abrupt {
+			_ = m.sub.Close()
+			_ = m.router.Close()
+		} else {
+			_ = m.router.Close()
+			_ = m.sub.Close()
+		}
+		<-m.done
+	})
+}
+
+// stopLater stops m in the background; stopAll waits for it.
+func (s *soak) stopLater(m *member, abrupt bool) {
+	s.stopped.Add(1)
+	go func() {
+		defer s.stopped.Done()
+		m.stop(abrupt)
+	}()
+}
+
+func (s *soak) remove(m *member) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, x := range s.members {
+		if x == m {
+			s.members = append(s.members[:i], s.members[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+func (s *soak) ensureMember() error {
+	s.mu.Lock()
+	n := len(s.members)
+	s.mu.Unlock()
+	if n > 0 {
+		return nil
+	}
+	return s.join()
+}
+
+func (s *soak) stopAll() {
+	s.mu.Lock()
+	ms := s.members
+	s.members = nil
+	s.mu.Unlock()
+	for _, m := range ms {
+		m.stop(false)
+	}
+	s.stopped.Wait()
+}
+
+// chaos injects a fault each time the group has committed faultEvery more
+// records, in turn: a crash after commit, a member leaving,
+// pg_terminate_backend on the consumers' transactions, a cut of every
+// proxied connection, a member joining. Pacing by progress rather than by
+// time keeps the group consuming between rebalances on a slow machine.
+func (s *soak) chaos(ctx context.Context) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		for s.committed() < int64((i+1)*s.o.faultEvery) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+		switch i % 5 {
+		case 0:
+			s.armCrash.Store(true)
+		case 1:
+			s.mu.Lock()
+			var m *member
+			if len(s.members) > 1 {
+				m = s.members[mrand.IntN(len(s.members))]
+			}
+			s.mu.Unlock()
+			if m != nil && s.remove(m) {
+				s.faults.left.Add(1)
+				s.stopLater(m, false)
+			}
+		case 2:
+			var n int64
+			err := s.db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE application_name = $1 AND xact_start IS NOT NULL AND pid <> pg_backend_pid()`, s.app).Scan(&n)
+			if err == nil {
+				s.faults.terminations.Add(1)
+				s.faults.terminated.Add(n)
+			}
+		case 3:
+			s.proxy.Stop()
+			if err := s.proxy.Start(); err == nil {
+				s.faults.proxyCuts.Add(1)
+			}
+		}
+		// Keep the group between one and members members.
+		s.mu.Lock()
+		n := len(s.members)
+		s.mu.Unlock()
+		if n == 0 || (i%5 == 4 && n < s.o.members) {
+			if s.join() == nil {
+				s.faults.joined.Add(1)
+			}
+		}
+	}
+}
+
+// check reads the verdict from the database: one effect row per event,
+// none missing, none extra, one inbox row per event.
+func (s *soak) check(ctx context.Context, unique int) (result, error) {
+	r := result{deliveries: s.o.deliveries, unique: unique, duplicates: s.o.deliveries - unique, attempts: s.attempts.Load(), outcomes: map[inbox.Outcome]int64{}}
+	s.outcomes.Range(func(k, v any) bool {
+		r.outcomes[k.(inbox.Outcome)] = v.(*atomic.Int64).Load()
+		return true
+	})
+	err := s.db.QueryRowContext(ctx, fmt.Sprintf(`
+		WITH counts AS (SELECT event_id, count(*) AS n FROM %[1]s GROUP BY event_id),
+		     events AS (SELECT 'e' || g AS event_id FROM generate_series(0, $1::int - 1) g)
+		SELECT (SELECT count(*) FROM %[1]s),
+		       (SELECT count(*) FROM %[2]s),
+		       (SELECT count(*) FROM events LEFT JOIN counts USING (event_id) WHERE counts.n IS NULL),
+		       (SELECT count(*) FROM counts WHERE n > 1),
+		       (SELECT count(*) FROM counts LEFT JOIN events e USING (event_id) WHERE e.event_id IS NULL)`,
+		s.effects, s.inbox), unique).Scan(&r.effects, &r.inboxRows, &r.missing, &r.doubled, &r.unknown)
+	if err != nil {
+		return r, fmt.Errorf("checking the effects: %w", err)
+	}
+	return r, nil
+}
+
+func (s *soak) print(out io.Writer, r result) {
+	f := &s.faults
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(label string, v any, note string) { fmt.Fprintf(w, "%s\t%v\t  %s\n", label, v, note) }
+	row("deliveries", r.deliveries, "records published to Kafka")
+	row("unique events", r.unique, "")
+	row("duplicates", r.duplicates, fmt.Sprintf("%.1f%% of deliveries, published as relay retries", 100*float64(r.duplicates)/float64(r.deliveries)))
+	row("handled", r.attempts, "messages that reached the inbox, redeliveries after faults included")
+	for _, o := range []inbox.Outcome{inbox.OutcomeProcessed, inbox.OutcomeDuplicate, inbox.OutcomeRolledBack, inbox.OutcomeClaimFailed, inbox.OutcomeCommitFailed, inbox.OutcomeInFlight} {
+		row("  "+string(o), r.outcomes[o], "")
+	}
+	row("faults injected", f.total(), "")
+	row("  crashes after commit", f.crashes.Load(), "member killed before the ack")
+	row("  members left", f.left.Load(), "")
+	row("  members joined", f.joined.Load(), "")
+	row("  backends terminated", f.terminated.Load(), fmt.Sprintf("pg_terminate_backend inside a transaction, in %d rounds", f.terminations.Load()))
+	row("  proxy cuts", f.proxyCuts.Load(), "every consumer connection cut at once")
+	row("  handler errors", f.handlerErrors.Load(), "")
+	row("  handler panics", f.panics.Load(), "")
+	row("effects", r.effects, "rows written by committed handlers")
+	row("inbox rows", r.inboxRows, "")
+	row("missing effects", r.missing, "")
+	row("double effects", r.doubled, "")
+	row("unknown effects", r.unknown, "")
+	row("violations", r.violations(), "")
+	row("elapsed", r.elapsed.Round(time.Millisecond), fmt.Sprintf("%.0f deliveries/s", float64(r.deliveries)/r.elapsed.Seconds()))
+	_ = w.Flush()
+}
