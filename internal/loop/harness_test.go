@@ -106,7 +106,7 @@ func saramaConsumerConfig() *sarama.Config {
 	c.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
 	c.Consumer.Group.Session.Timeout = sessionTimeout
 	c.Consumer.Group.Heartbeat.Interval = heartbeatInterval
-	c.Consumer.Group.Rebalance.Timeout = sessionTimeout
+	c.Consumer.Group.Rebalance.Timeout = time.Second
 	c.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
 	c.Metadata.Retry.Backoff = 100 * time.Millisecond
 	return c
