@@ -124,13 +124,15 @@ func (m *Metrics) observe(ob inbox.Observation) {
 	}
 }
 
-// ObservePurge records one purge round of table: what PurgeOnce returned
-// and how long it took. The purge has no hook of its own, so call it around
-// PurgeOnce (in a loop of your own instead of Run):
+// PurgeRound returns the purge hook for table's rounds, Run's included:
 //
-//	start := time.Now()
-//	n, err := purger.PurgeOnce(ctx)
-//	metrics.ObservePurge(store.Table(), n, time.Since(start), err)
+//	purge.New(store, purge.Config{Retention: r, OnRound: metrics.PurgeRound(store.Table())})
+func (m *Metrics) PurgeRound(table string) func(deleted int64, took time.Duration, err error) {
+	return func(deleted int64, took time.Duration, err error) { m.ObservePurge(table, deleted, took, err) }
+}
+
+// ObservePurge records one purge round of table: what PurgeOnce returned
+// and how long it took. PurgeRound calls it from the purge's hook.
 func (m *Metrics) ObservePurge(table string, deleted int64, d time.Duration, err error) {
 	switch {
 	case errors.Is(err, purge.ErrSkipped):
