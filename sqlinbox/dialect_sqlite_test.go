@@ -69,7 +69,12 @@ func TestSQLiteRoutersShareOneFile(t *testing.T) {
 					return func(msg *message.Message) ([]*message.Message, error) {
 						out, err := h(msg)
 						if err != nil {
-							if errors.Is(err, inbox.ErrInFlight) {
+							// A busy BEGIN or claim wraps ErrInFlight; in
+							// rollback-journal mode COMMIT itself can be busy
+							// (readers hold SHARED locks): the driver rolls
+							// back and the nack retries, so that is safe too.
+							var code interface{ Code() int }
+							if errors.Is(err, inbox.ErrInFlight) || (errors.As(err, &code) && code.Code()&0xff == 5) {
 								inFlight.Add(1)
 							} else {
 								mu.Lock()
@@ -125,8 +130,8 @@ func TestSQLiteRoutersShareOneFile(t *testing.T) {
 			var claims int
 			require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM `+store.Table()).Scan(&claims))
 			require.Equal(t, events, claims)
-			require.Empty(t, otherErrs, "every failed attempt must be a retryable ErrInFlight")
-			t.Logf("%d deliveries, %d handler calls, %d attempts nacked with ErrInFlight", events*copies*routers, calls.Load(), inFlight.Load())
+			require.Empty(t, otherErrs, "every failed attempt must be a busy database, retried by the nack")
+			t.Logf("%d deliveries, %d handler calls, %d attempts nacked as busy", events*copies*routers, calls.Load(), inFlight.Load())
 		})
 	}
 }
