@@ -8,6 +8,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,25 @@ var (
 	ErrInvalidEventID = errors.New("inbox: invalid event id")
 	ErrNoConsumer     = errors.New("inbox: no consumer name (set inbox.Config.Consumer or run the middleware inside a router handler)")
 	ErrInFlight       = errors.New("inbox: another delivery of this event is still being processed; retry later")
+	ErrEventIDReused  = errors.New("inbox: event id reused for a different event")
+	ErrStaleEvent     = errors.New("inbox: event is older than MaxEventAge")
+)
+
+// MaxFingerprintLength is inbox.MaxFingerprintLength.
+const MaxFingerprintLength = 64
+
+// Policies, as inbox.IDReusePolicy and inbox.StalePolicy values; the zero
+// values change nothing about delivery.
+const (
+	IDReuseLog = iota
+	IDReuseReject
+	IDReuseIgnore
+)
+
+const (
+	StaleProcess = iota
+	StaleReject
+	StaleSkip
 )
 
 // Outcomes, as inbox.Outcome values.
@@ -45,6 +65,8 @@ const (
 	OutcomeClaimFailed  = "claim_failed"
 	OutcomeRolledBack   = "rolled_back"
 	OutcomeCommitFailed = "commit_failed"
+	OutcomeIDReused     = "id_reused"
+	OutcomeStale        = "stale"
 )
 
 // Observation is inbox.Observation, with the outcome as a string.
@@ -90,6 +112,20 @@ type Engine[T any] struct {
 	// panics included.
 	Observe func(ctx context.Context) (context.Context, func(Observation))
 	Logger  watermill.LoggerAdapter
+
+	// Fingerprint, when set, fingerprints every message, and claims go
+	// through ClaimFingerprint instead of Claim: it stores the fingerprint
+	// with a new claim and returns, for a duplicate, the one stored with the
+	// original (nil for none). OnIDReuse says what a mismatch does.
+	Fingerprint      func(msg *message.Message) []byte
+	ClaimFingerprint func(ctx context.Context, consumer, eventID string, fingerprint []byte) (tx T, claimed bool, stored []byte, err error)
+	OnIDReuse        int
+
+	// MaxEventAge, when positive, applies StaleEvents to messages whose
+	// EventTime is older than that, before any SQL.
+	MaxEventAge time.Duration
+	EventTime   func(msg *message.Message) (time.Time, bool)
+	StaleEvents int
 }
 
 // Middleware wraps h.
@@ -147,11 +183,33 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		return nil, err
 	}
 	ob.EventID = eventID
+	if e.MaxEventAge > 0 {
+		if stop, err := e.stale(msg, consumer, eventID, ob); stop {
+			return nil, err
+		}
+	}
+	var fingerprint []byte
+	if e.Fingerprint != nil {
+		fingerprint = e.Fingerprint(msg)
+		if len(fingerprint) > MaxFingerprintLength {
+			ob.Outcome = OutcomeClaimFailed
+			return nil, fmt.Errorf("inbox: the fingerprint of event %s is %d bytes, at most %d allowed (inbox.Config.Fingerprint)", Quote(eventID), len(fingerprint), MaxFingerprintLength)
+		}
+	}
 
 	if e.Observe != nil {
 		ob.ClaimStart = time.Now()
 	}
-	tx, claimed, err := e.Claim(ctx, consumer, eventID)
+	var (
+		tx      T
+		claimed bool
+		stored  []byte
+	)
+	if e.Fingerprint == nil {
+		tx, claimed, err = e.Claim(ctx, consumer, eventID)
+	} else {
+		tx, claimed, stored, err = e.ClaimFingerprint(ctx, consumer, eventID, fingerprint)
+	}
 	if e.Observe != nil {
 		ob.ClaimDuration = time.Since(ob.ClaimStart)
 	}
@@ -163,6 +221,11 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		return nil, fmt.Errorf("inbox: claiming event %s for consumer %q: %w", Quote(eventID), consumer, err)
 	}
 	if !claimed {
+		// A NULL stored fingerprint (claimed before fingerprints were on,
+		// or by a message the function returned nil for) never mismatches.
+		if stored != nil && fingerprint != nil && !bytes.Equal(stored, fingerprint) {
+			return nil, e.idReused(msg, consumer, eventID, ob)
+		}
 		ob.Outcome = OutcomeDuplicate
 		e.Logger.Debug("Inbox: duplicate skipped", watermill.LogFields{
 			"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
@@ -203,6 +266,50 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	ob.Outcome = OutcomeProcessed
 	e.runHooks(ctx, s)
 	return produced, nil
+}
+
+// stale applies the stale-event policy; stop means the message goes no
+// further, with err as its result.
+func (e *Engine[T]) stale(msg *message.Message, consumer, eventID string, ob *Observation) (stop bool, err error) {
+	at, ok := e.EventTime(msg)
+	if !ok || at.IsZero() {
+		return false, nil
+	}
+	age := time.Since(at)
+	if age <= e.MaxEventAge {
+		return false, nil
+	}
+	fields := watermill.LogFields{
+		"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
+		"event_time": at, "age": age.String(), "max_event_age": e.MaxEventAge.String(),
+	}
+	switch e.StaleEvents {
+	case StaleReject:
+		ob.Outcome = OutcomeStale
+		return true, fmt.Errorf("%w: event %s for consumer %q is %s old, MaxEventAge is %s", ErrStaleEvent, Quote(eventID), consumer, age.Round(time.Second), e.MaxEventAge)
+	case StaleSkip:
+		ob.Outcome = OutcomeStale
+		e.Logger.Error("Inbox: STALE EVENT SKIPPED, the handler was not called; if it was never processed before, its effect is missing", ErrStaleEvent, fields)
+		return true, nil
+	}
+	e.Logger.Info("Inbox: warning: stale event processed; its inbox row may have been purged, so it may be a duplicate the inbox can no longer detect", fields)
+	return false, nil
+}
+
+// idReused applies the id-reuse policy to a duplicate whose fingerprint
+// differs from the original's, and returns the message's result.
+func (e *Engine[T]) idReused(msg *message.Message, consumer, eventID string, ob *Observation) error {
+	ob.Outcome = OutcomeIDReused
+	err := fmt.Errorf("%w: event %s for consumer %q was already processed with another fingerprint, so the producer gave one id to two different events (message %s)", ErrEventIDReused, Quote(eventID), consumer, msg.UUID)
+	switch e.OnIDReuse {
+	case IDReuseReject:
+		return err
+	case IDReuseLog:
+		e.Logger.Error("Inbox: event id reused with a different payload; acked as a duplicate, the handler was not called", err, watermill.LogFields{
+			"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
+		})
+	}
+	return nil
 }
 
 func (e *Engine[T]) consumer(ctx context.Context) (string, error) {
@@ -255,6 +362,9 @@ func (e *Engine[T]) runHooks(ctx context.Context, s *Session) {
 	s.mu.Lock()
 	hooks := s.hooks
 	s.mu.Unlock()
+	if len(hooks) == 0 {
+		return
+	}
 	ctx = context.WithoutCancel(ctx)
 	for _, fn := range hooks {
 		if err := fn(ctx); err != nil {
