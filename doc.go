@@ -34,4 +34,8 @@
 // Effects outside the database cannot join the transaction: write follow-up
 // events to an outbox in the same transaction (Config.ProducedPublisher), or
 // accept at-most-once with AfterCommit.
+//
+// Applications that use pgx natively (pgxpool) rather than database/sql use
+// package pgxinbox: the same middleware on a pgx.Tx, with BEGIN and the claim
+// sent in one round trip.
 package inbox
