@@ -33,6 +33,17 @@ var (
 	// (this one is processed).
 	ErrInFlight = engine.ErrInFlight
 
+	// ErrEventIDReused means the event id was already processed with another
+	// fingerprint (Config.Fingerprint): the producer gave one id to two
+	// different events. Only IDReuseReject returns it; redelivering cannot
+	// help, so route it to a poison queue and fix the producer.
+	ErrEventIDReused = engine.ErrEventIDReused
+
+	// ErrStaleEvent means the event is older than Config.MaxEventAge, so its
+	// inbox row may have been purged and a duplicate of it would go
+	// unnoticed. Only StaleReject returns it.
+	ErrStaleEvent = engine.ErrStaleEvent
+
 	// ErrNotInInbox is returned by AfterCommit when the context does not come
 	// from a message handled by the inbox middleware.
 	ErrNotInInbox = errors.New("inbox: context is not inside an inbox transaction")

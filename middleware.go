@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -50,6 +51,36 @@ type Config struct {
 	// for metrics and tracing. Defaults to nil.
 	Observer Observer
 
+	// Fingerprint, when set, fingerprints every message (PayloadFingerprint
+	// hashes the payload) and stores the fingerprint with its claim, so that
+	// a duplicate whose fingerprint differs from the original's, an event id
+	// the producer reused for another event, is reported (OutcomeIDReused,
+	// OnIDReuse) instead of being acked silently. The Store must implement
+	// FingerprintStore (sqlinbox.Config.Fingerprints). Duplicates then take
+	// one more statement; new claims cost nothing more. Defaults to nil: no
+	// fingerprints.
+	Fingerprint FingerprintFunc
+
+	// OnIDReuse is what a reused event id does, when Fingerprint is set.
+	// Defaults to IDReuseLog: logged at error level, acked as a duplicate.
+	OnIDReuse IDReusePolicy
+
+	// MaxEventAge, when positive, treats events older than this (by
+	// EventTime) as stale: their inbox rows may have been purged, so a
+	// duplicate could not be recognised. Keep it below the purge retention;
+	// StaleEvents decides what happens to them, before any SQL. Defaults to
+	// 0: event times are not checked.
+	MaxEventAge time.Duration
+
+	// EventTime returns when the producer created the event; required with
+	// MaxEventAge. See EventTimeFromMetadata and EventTimeFromContext (Kafka
+	// record timestamps). Defaults to nil.
+	EventTime EventTimeFunc
+
+	// StaleEvents is what happens to an event older than MaxEventAge.
+	// Defaults to StaleProcess: processed, with a logged warning.
+	StaleEvents StalePolicy
+
 	// Logger receives a debug line per duplicate and errors from AfterCommit
 	// hooks. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -72,6 +103,27 @@ func (c Config) validate() error {
 		if err := engine.ValidateConsumer(c.Consumer); err != nil {
 			return fmt.Errorf("Consumer: %w", err)
 		}
+	}
+	if c.Fingerprint != nil {
+		fs, ok := c.Store.(FingerprintStore)
+		if !ok {
+			return fmt.Errorf("Fingerprint: the store (%T) cannot keep fingerprints (inbox.FingerprintStore)", c.Store)
+		}
+		if err := fs.CheckFingerprints(); err != nil {
+			return fmt.Errorf("Fingerprint: %w", err)
+		}
+	}
+	if c.OnIDReuse < IDReuseLog || c.OnIDReuse > IDReuseIgnore {
+		return fmt.Errorf("OnIDReuse: unknown policy %d", c.OnIDReuse)
+	}
+	if c.MaxEventAge < 0 {
+		return fmt.Errorf("MaxEventAge is negative (%s)", c.MaxEventAge)
+	}
+	if c.MaxEventAge > 0 && c.EventTime == nil {
+		return errors.New("MaxEventAge needs EventTime, which reads the event's time (inbox.EventTimeFromMetadata, inbox.EventTimeFromContext)")
+	}
+	if c.StaleEvents < StaleProcess || c.StaleEvents > StaleSkip {
+		return fmt.Errorf("StaleEvents: unknown policy %d", c.StaleEvents)
 	}
 	return nil
 }
@@ -97,6 +149,18 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 		Publisher: config.ProducedPublisher,
 		Observe:   observe(config.Observer),
 		Logger:    config.Logger,
+
+		OnIDReuse:   int(config.OnIDReuse),
+		MaxEventAge: config.MaxEventAge,
+		EventTime:   config.EventTime,
+		StaleEvents: int(config.StaleEvents),
+	}
+	if config.Fingerprint != nil {
+		fs := config.Store.(FingerprintStore)
+		e.Fingerprint = config.Fingerprint
+		e.ClaimFingerprint = func(ctx context.Context, consumer, eventID string, fp []byte) (*sql.Tx, bool, []byte, error) {
+			return fs.ClaimWithFingerprint(ctx, config.TxOptions, consumer, eventID, fp)
+		}
 	}
 	if checker, ok := config.Store.(EventIDChecker); ok {
 		e.CheckEventID = checker.CheckEventID

@@ -31,6 +31,14 @@ const (
 	// OutcomeCommitFailed: COMMIT returned an error; the redelivery finds out
 	// whether it happened.
 	OutcomeCommitFailed Outcome = "commit_failed"
+	// OutcomeIDReused: the event id was already processed with another
+	// fingerprint (Config.Fingerprint); the handler was not called, and
+	// Config.OnIDReuse decided between ack and nack (ErrEventIDReused).
+	OutcomeIDReused Outcome = "id_reused"
+	// OutcomeStale: the event was older than Config.MaxEventAge and
+	// Config.StaleEvents rejected (ErrStaleEvent) or skipped it, before any
+	// SQL. Stale events processed under StaleProcess end as any other.
+	OutcomeStale Outcome = "stale"
 )
 
 // Observation describes one message's passage through the middleware.
@@ -38,7 +46,7 @@ type Observation struct {
 	Consumer string
 	EventID  string // "" when it could not be extracted
 	Outcome  Outcome
-	Err      error // nil for OutcomeProcessed and OutcomeDuplicate
+	Err      error // nil for OutcomeProcessed, OutcomeDuplicate and acked OutcomeIDReused or OutcomeStale
 
 	// Start is when the message entered the middleware; ClaimStart and
 	// ClaimDuration time the BEGIN and claim (zero when no claim was made);

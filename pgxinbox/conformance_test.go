@@ -33,6 +33,7 @@ func TestConformance(t *testing.T) {
 				store := newStore(t, sc)
 				mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{
 					Store: store, Consumer: cfg.Consumer, EventID: cfg.EventID, Logger: cfg.Logger,
+					MaxEventAge: cfg.MaxEventAge, EventTime: cfg.EventTime, StaleEvents: cfg.StaleEvents,
 				})
 				require.NoError(t, err)
 				return mw, store.Pool().Close

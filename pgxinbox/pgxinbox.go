@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -71,6 +72,13 @@ type Config struct {
 	// as in inbox.Config. Defaults to nil.
 	Observer inbox.Observer
 
+	// MaxEventAge, EventTime and StaleEvents are the stale-event policy of
+	// inbox.Config. Defaults to 0, nil and inbox.StaleProcess: event times
+	// are not checked.
+	MaxEventAge time.Duration
+	EventTime   inbox.EventTimeFunc
+	StaleEvents inbox.StalePolicy
+
 	// Logger receives a debug line per duplicate and errors from AfterCommit
 	// hooks. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -94,6 +102,14 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 			return nil, fmt.Errorf("pgxinbox: invalid config: Consumer: %w", err)
 		}
 	}
+	switch {
+	case config.MaxEventAge < 0:
+		return nil, fmt.Errorf("pgxinbox: invalid config: MaxEventAge is negative (%s)", config.MaxEventAge)
+	case config.MaxEventAge > 0 && config.EventTime == nil:
+		return nil, errors.New("pgxinbox: invalid config: MaxEventAge needs EventTime")
+	case config.StaleEvents < inbox.StaleProcess || config.StaleEvents > inbox.StaleSkip:
+		return nil, fmt.Errorf("pgxinbox: invalid config: StaleEvents: unknown policy %d", config.StaleEvents)
+	}
 	opts := config.TxOptions
 	e := &engine.Engine[pgx.Tx]{
 		Consumer: config.Consumer,
@@ -105,6 +121,10 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 		Rollback:  func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
 		Publisher: config.ProducedPublisher,
 		Logger:    config.Logger,
+
+		MaxEventAge: config.MaxEventAge,
+		EventTime:   config.EventTime,
+		StaleEvents: int(config.StaleEvents),
 	}
 	if config.Observer != nil {
 		e.Observe = engine.AdaptObserver(config.Observer)

@@ -15,7 +15,10 @@
 // What to alert on: a rate of outcome="claim_failed" or "commit_failed"
 // (the database is unhealthy), outcome="in_flight" (two copies of an event
 // raced and one waited past the claim timeout), outcome="missing_id" or
-// "invalid_id" (a producer sends messages the inbox cannot key), and a claim
+// "invalid_id" (a producer sends messages the inbox cannot key),
+// outcome="id_reused" (a producer gave one event id to two different events,
+// see inbox.Config.Fingerprint), outcome="stale" (events older than
+// inbox.Config.MaxEventAge, whose duplicates may go unnoticed), and a claim
 // latency that grows with the inbox table (purge it).
 package prommetrics
 
@@ -71,7 +74,7 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace,
 			Name:      "messages_total",
-			Help:      "Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, rolled_back, commit_failed).",
+			Help:      "Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, rolled_back, commit_failed, id_reused, stale).",
 		}, []string{"consumer", "outcome"}),
 		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace,

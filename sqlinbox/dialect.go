@@ -30,6 +30,15 @@ type queries struct {
 	// claim inserts (consumer, event_id) and affects one row when the pair is
 	// new, zero when it already exists; it must never fail on a conflict.
 	claim string
+	// fingerprint reads the fingerprint stored with (consumer, event_id),
+	// for a duplicate under Config.Fingerprints. claim then takes the
+	// fingerprint as its third parameter.
+	fingerprint string
+	// addFingerprint adds the fingerprint column to an existing table.
+	addFingerprint string
+	// oldest returns min(processed_at), read from the index, as UTC text
+	// in RFC 3339 form, or NULL for an empty table.
+	oldest string
 	// afterClaim runs after a new claim, before the handler ("" for none).
 	afterClaim string
 	// beforeClaim, when set, runs in the claim's transaction before claim

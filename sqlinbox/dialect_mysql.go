@@ -49,6 +49,10 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 		// CheckEventID hands over the canonical 36-character form.
 		idType, idValue = "BINARY(16)", "UNHEX(REPLACE(?, '-', ''))"
 	}
+	cols, fpCol, fpVal := "consumer, event_id", "", ""
+	if c.Fingerprints {
+		cols, fpCol, fpVal = "consumer, event_id, fingerprint", "\tfingerprint  VARBINARY(64) NULL,\n", ", ?"
+	}
 	q := queries{
 		schema: []string{
 			// DDL commits implicitly in MySQL, so there is no transaction to
@@ -64,10 +68,11 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 				"\tconsumer     VARBINARY(255) NOT NULL,\n"+
 				"\tevent_id     %s NOT NULL,\n"+
 				"\tprocessed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n"+
+				"%s"+
 				"\tPRIMARY KEY (consumer, event_id),\n"+
 				"\tKEY %s (processed_at)\n"+
 				") ENGINE=InnoDB",
-				table, idType, quoteName(t.name+"_processed_at_idx", '`')),
+				table, idType, fpCol, quoteName(t.name+"_processed_at_idx", '`')),
 		},
 		// Not INSERT IGNORE: it turns every error (truncation, a bad value)
 		// into a warning and zero rows, which would ack a message as a
@@ -75,8 +80,17 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 		// only on real errors and reports 1 row for an insert, 0 for an
 		// unchanged existing row. A copy of the event still inside another
 		// transaction makes it wait for that row's lock.
-		claim: fmt.Sprintf("INSERT INTO %s (consumer, event_id) VALUES (?, %s) ON DUPLICATE KEY UPDATE consumer = consumer", table, idValue),
+		claim: fmt.Sprintf("INSERT INTO %s (%s) VALUES (?, %s%s) ON DUPLICATE KEY UPDATE consumer = consumer", table, cols, idValue, fpVal),
 	}
+	if c.Fingerprints {
+		q.fingerprint = fmt.Sprintf("SELECT fingerprint FROM %s WHERE consumer = ? AND event_id = %s", table, idValue)
+	}
+	// MySQL 8 has no ADD COLUMN IF NOT EXISTS; both add a last nullable
+	// column in place (ALGORITHM=INSTANT where the server can).
+	q.addFingerprint = fmt.Sprintf("ALTER TABLE %s ADD COLUMN fingerprint VARBINARY(64) NULL", table)
+	// Text, so the result does not depend on the DSN's parseTime;
+	// processed_at is already UTC.
+	q.oldest = fmt.Sprintf("SELECT DATE_FORMAT(MIN(processed_at), '%%Y-%%m-%%dT%%H:%%i:%%s.%%fZ') FROM %s", table)
 	if c.ClaimTimeout > 0 {
 		// innodb_lock_wait_timeout counts whole seconds; round up. MariaDB's
 		// SET STATEMENT scopes it to this statement, so the handler's own
@@ -94,7 +108,7 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 				return fmt.Errorf("%w: server %s cannot scope innodb_lock_wait_timeout to one statement (MariaDB's SET STATEMENT); leave ClaimTimeout at 0 and set innodb_lock_wait_timeout=N in the DSN", ErrClaimTimeoutUnsupported, version)
 			}
 		}
-		return verifyAffectedRows(ctx, db, q, c.UUIDEventIDs)
+		return verifyAffectedRows(ctx, db, q, c.UUIDEventIDs, c.Fingerprints)
 	}
 	return q
 }
@@ -102,7 +116,7 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 // verifyAffectedRows claims one probe key twice in a transaction it rolls
 // back: the second claim must report 0 rows. With clientFoundRows=true it
 // reports 1 and every duplicate would run the handler again.
-func verifyAffectedRows(ctx context.Context, db *sql.DB, q queries, uuidIDs bool) error {
+func verifyAffectedRows(ctx context.Context, db *sql.DB, q queries, uuidIDs, fingerprints bool) error {
 	// A random id keeps concurrent probes from waiting on each other; the
 	// NUL in the consumer keeps the probe apart from every valid consumer.
 	var b [16]byte
@@ -116,8 +130,12 @@ func verifyAffectedRows(ctx context.Context, db *sql.DB, q queries, uuidIDs bool
 		return fmt.Errorf("sqlinbox: checking affected-rows reporting: %w", MySQL.classify(err))
 	}
 	defer tx.Rollback() //nolint:errcheck // the probe never commits
+	args := []any{"\x00sqlinbox-probe", id}
+	if fingerprints {
+		args = append(args, nil)
+	}
 	for i, want := range []int64{1, 0} {
-		res, err := tx.ExecContext(ctx, q.claim, "\x00sqlinbox-probe", id)
+		res, err := tx.ExecContext(ctx, q.claim, args...)
 		if err != nil {
 			return fmt.Errorf("sqlinbox: checking affected-rows reporting: %w", MySQL.classify(err))
 		}

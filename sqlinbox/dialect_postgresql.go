@@ -20,8 +20,19 @@ func (postgresql) queries(t tableName, c Config) queries {
 	if c.UUIDEventIDs {
 		idType = "uuid"
 	}
+	// With fingerprints the claim inserts a third column; without, its
+	// text stays the same as before the feature existed.
+	cols, fpCol, fpVal := "consumer, event_id", "", ""
+	if c.Fingerprints {
+		cols, fpCol, fpVal = "consumer, event_id, fingerprint", "\n\tfingerprint  bytea,", ", $3::bytea"
+	}
+	// On a partitioned table min() reads each partition's index.
+	oldest := fmt.Sprintf(`SELECT to_char(min(processed_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') FROM %s`, table)
 	if c.Partitioning != NoPartitioning {
-		return partitionedQueries(t, c, idType)
+		q := partitionedQueries(t, c, idType, cols, fpCol, fpVal)
+		q.addFingerprint = fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS fingerprint bytea`, table)
+		q.oldest = oldest
+		return q
 	}
 	q := queries{
 		schemaInTx: true,
@@ -33,9 +44,9 @@ func (postgresql) queries(t tableName, c Config) queries {
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer     text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
 	event_id     %s NOT NULL,
-	processed_at timestamptz NOT NULL DEFAULT now(),
+	processed_at timestamptz NOT NULL DEFAULT now(),%s
 	PRIMARY KEY (consumer, event_id)
-)`, table, idType),
+)`, table, idType, fpCol),
 			// The purge deletes by age; without this index each batch would
 			// scan the table.
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
@@ -44,16 +55,22 @@ func (postgresql) queries(t tableName, c Config) queries {
 		// new (1) or duplicate (0). A copy of the event still inside another
 		// transaction makes this wait until that one commits (duplicate) or
 		// rolls back (claimed here).
-		claim: fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, table),
+		claim: fmt.Sprintf(`INSERT INTO %s (%s) VALUES ($1, $2%s) ON CONFLICT DO NOTHING`, table, cols, fpVal),
 	}
+	if c.Fingerprints {
+		q.fingerprint = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = $1 AND event_id = $2`, table)
+	}
+	// A nullable column without a default: a catalog change, no rewrite.
+	q.addFingerprint = fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS fingerprint bytea`, table)
+	q.oldest = oldest
 	q.verify = verifyLayout(t, c)
 	if c.ClaimTimeout > 0 {
 		// set_config runs in the CTE before the insert looks for a conflict,
 		// so the lock wait of this very statement is bounded; afterClaim
 		// restores the default so the handler's own statements are not.
 		q.claim = fmt.Sprintf(`WITH lt AS (SELECT set_config('lock_timeout', '%dms', true))
-INSERT INTO %s (consumer, event_id) SELECT $1::text, $2::%s FROM lt ON CONFLICT DO NOTHING`,
-			max(c.ClaimTimeout.Milliseconds(), 1), table, idType)
+INSERT INTO %s (%s) SELECT $1::text, $2::%s%s FROM lt ON CONFLICT DO NOTHING`,
+			max(c.ClaimTimeout.Milliseconds(), 1), table, cols, idType, fpVal)
 		q.afterClaim = `SET LOCAL lock_timeout TO DEFAULT`
 	}
 	return q

@@ -54,6 +54,10 @@ func SQLiteDSN(path string) string {
 
 func (sqlite) queries(t tableName, c Config) queries {
 	table := t.quoted('"')
+	cols, fpCol, fpVal := "consumer, event_id", "", ""
+	if c.Fingerprints {
+		cols, fpCol, fpVal = "consumer, event_id, fingerprint", "\n\tfingerprint  BLOB,", ", ?"
+	}
 	q := queries{
 		// SQLite DDL is transactional: both statements or neither, and
 		// concurrent calls take turns on the write lock.
@@ -70,17 +74,22 @@ func (sqlite) queries(t tableName, c Config) queries {
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer     TEXT NOT NULL CHECK (length(CAST(consumer AS BLOB)) BETWEEN 1 AND 255),
 	event_id     TEXT NOT NULL,
-	processed_at TEXT NOT NULL DEFAULT (strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now')),
+	processed_at TEXT NOT NULL DEFAULT (strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now')),%s
 	PRIMARY KEY (consumer, event_id)
-) WITHOUT ROWID`, table),
+) WITHOUT ROWID`, table, fpCol),
 			// The purge deletes by age; without this index each batch would
 			// scan the table.
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, t.derived("processed_at_idx").quoted('"'), table),
 		},
 		// ON CONFLICT DO NOTHING never fails on the key: the change count
 		// says new (1) or duplicate (0).
-		claim: fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING`, table),
+		claim: fmt.Sprintf(`INSERT INTO %s (%s) VALUES (?, ?%s) ON CONFLICT DO NOTHING`, table, cols, fpVal),
 	}
+	if c.Fingerprints {
+		q.fingerprint = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = ? AND event_id = ?`, table)
+	}
+	q.addFingerprint = fmt.Sprintf(`ALTER TABLE %s ADD COLUMN fingerprint BLOB`, table)
+	q.oldest = fmt.Sprintf(`SELECT min(processed_at) FROM %s`, table)
 	if c.ClaimTimeout > 0 {
 		q.configErr = errors.New("ClaimTimeout is not supported on SQLite: the write lock is the whole database's, so bound the wait with the DSN's busy_timeout pragma instead (see sqlinbox.SQLiteDSN)")
 	}

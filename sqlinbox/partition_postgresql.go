@@ -72,7 +72,7 @@ func checkPartitioning(c Config) error {
 // sees the row of the transaction that held it. For the same reason the
 // claim refuses REPEATABLE READ and SERIALIZABLE, whose snapshot is taken by
 // the first statement, before the wait.
-func partitionedQueries(t tableName, c Config, idType string) queries {
+func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string) queries {
 	table := t.quoted('"')
 	// Advisory locks are database-wide: the key hashes the table with the
 	// pair, so tables sharing a database never wait for each other. The
@@ -90,19 +90,19 @@ func partitionedQueries(t tableName, c Config, idType string) queries {
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer     text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
 	event_id     %s NOT NULL,
-	processed_at timestamptz NOT NULL DEFAULT now(),
+	processed_at timestamptz NOT NULL DEFAULT now(),%s
 	PRIMARY KEY (consumer, event_id, processed_at)
-) PARTITION BY RANGE (processed_at)`, table, idType),
+) PARTITION BY RANGE (processed_at)`, table, idType, fpCol),
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s DEFAULT`, t.derived(defaultPartitionSuffix).quoted('"'), table),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
 		},
 		// The primary key's (consumer, event_id) prefix makes the lookup
 		// one index probe per partition. ON CONFLICT DO NOTHING still
 		// guards the same-microsecond case the key does see.
-		claim: fmt.Sprintf(`INSERT INTO %[1]s (consumer, event_id)
-SELECT $1::text, $2::%[2]s
+		claim: fmt.Sprintf(`INSERT INTO %[1]s (%[3]s)
+SELECT $1::text, $2::%[2]s%[4]s
 WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE consumer = $1::text AND event_id = $2::%[2]s)
-ON CONFLICT DO NOTHING`, table, idType),
+ON CONFLICT DO NOTHING`, table, idType, cols, fpVal),
 		beforeClaim: func(ctx context.Context, tx *sql.Tx, consumer, eventID string) error {
 			var isolation string
 			if err := tx.QueryRowContext(ctx, lock, consumer, eventID).Scan(&isolation); err != nil {
@@ -116,6 +116,11 @@ ON CONFLICT DO NOTHING`, table, idType),
 	}
 	if c.ClaimTimeout > 0 {
 		q.afterClaim = `SET LOCAL lock_timeout TO DEFAULT`
+	}
+	if c.Fingerprints {
+		// The lock serialises copies of the event, so at most one
+		// partition holds the pair.
+		q.fingerprint = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = $1 AND event_id = $2 LIMIT 1`, table)
 	}
 	q.verify = verifyLayout(t, c)
 	return q

@@ -45,6 +45,9 @@ func NewPgx(pool *pgxpool.Pool, config Config) (*PgxStore, error) {
 	if config.Partitioning != NoPartitioning {
 		return nil, fmt.Errorf("sqlinbox: invalid config: Partitioning %s is not supported by NewPgx yet; use New with pgx's stdlib", config.Partitioning)
 	}
+	if config.Fingerprints {
+		return nil, errors.New("sqlinbox: invalid config: Fingerprints is not supported by NewPgx yet; use New with pgx's stdlib")
+	}
 	s, err := New(stdlib.OpenDBFromPool(pool), config)
 	if err != nil {
 		return nil, err

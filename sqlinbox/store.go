@@ -57,6 +57,15 @@ type Config struct {
 	// any partition) and need READ COMMITTED. It must match the table
 	// CreateSchema made. Defaults to NoPartitioning.
 	Partitioning Partitioning
+
+	// Fingerprints adds a nullable fingerprint column to the table
+	// CreateSchema makes (PostgreSQL bytea, MySQL VARBINARY(64), SQLite
+	// BLOB) and makes the Store an inbox.FingerprintStore, for the
+	// middleware's id-reuse detection (inbox.Config.Fingerprint). An
+	// existing table needs the column added once; see SchemaSQL. Rows
+	// claimed before have no fingerprint and never count as a reused id.
+	// Defaults to false: the claim writes two columns, as it always did.
+	Fingerprints bool
 }
 
 // Store records inbox claims in one table. It implements inbox.Store. It does
@@ -73,8 +82,9 @@ type Store struct {
 }
 
 var (
-	_ inbox.Store          = (*Store)(nil)
-	_ inbox.EventIDChecker = (*Store)(nil)
+	_ inbox.Store            = (*Store)(nil)
+	_ inbox.EventIDChecker   = (*Store)(nil)
+	_ inbox.FingerprintStore = (*Store)(nil)
 )
 
 // New returns a Store for db. It validates the configuration but does not
@@ -124,9 +134,24 @@ func (s *Store) Table() string { return s.table.String() }
 
 // SchemaSQL returns the DDL CreateSchema runs, as one script, for migration
 // tools. Every statement is idempotent.
+//
+// CreateSchema leaves an existing table as it is: to turn Config.Fingerprints
+// on for a table made without it, run AddFingerprintColumnSQL once.
 func (s *Store) SchemaSQL() string {
 	return strings.Join(s.q.schema, ";\n\n") + ";\n"
 }
+
+// AddFingerprintColumnSQL returns the statement that adds the fingerprint
+// column (Config.Fingerprints) to an inbox table created without it, for a
+// migration tool. It adds a nullable column in place, without rewriting the
+// table on PostgreSQL and MariaDB:
+//
+//	ALTER TABLE watermill_inbox ADD COLUMN IF NOT EXISTS fingerprint bytea  -- PostgreSQL
+//	ALTER TABLE watermill_inbox ADD COLUMN fingerprint VARBINARY(64) NULL   -- MySQL/MariaDB
+//	ALTER TABLE watermill_inbox ADD COLUMN fingerprint BLOB                 -- SQLite
+//
+// Only PostgreSQL's form may run twice.
+func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
 
 // CreateSchema creates the inbox table and its index if they do not exist. It
 // is safe to call on every start, from several instances at once.
@@ -167,7 +192,7 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 	if err != nil {
 		return nil, false, s.dialect.classify(err)
 	}
-	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID)
+	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID, nil)
 	if err != nil || !claimed {
 		_ = tx.Rollback()
 		return nil, false, err
@@ -175,13 +200,71 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 	return tx, true, nil
 }
 
-func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string) (bool, error) {
+// ClaimWithFingerprint implements inbox.FingerprintStore: Claim, storing
+// fingerprint with a new claim. For a duplicate with a fingerprint it reads
+// the original's in the claim's transaction, which by then sees the
+// committed row the claim found (a statement later, under READ COMMITTED;
+// in the same snapshot under REPEATABLE READ, where the claim sees only
+// rows it can read), then rolls back.
+func (s *Store) ClaimWithFingerprint(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (*sql.Tx, bool, []byte, error) {
+	if err := s.CheckFingerprints(); err != nil {
+		return nil, false, nil, err
+	}
+	stmt, err := s.claimStmt(ctx)
+	if err != nil {
+		return nil, false, nil, err
+	}
+	tx, err := s.db.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, false, nil, s.dialect.classify(err)
+	}
+	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID, fingerprint)
+	if err == nil && claimed {
+		return tx, true, nil, nil
+	}
+	var stored []byte
+	if err == nil && fingerprint != nil {
+		err = tx.QueryRowContext(ctx, s.q.fingerprint, consumer, eventID).Scan(&stored)
+		if errors.Is(err, sql.ErrNoRows) { // purged meanwhile
+			err = nil
+		}
+		if err != nil {
+			err = fmt.Errorf("sqlinbox: reading the fingerprint of a duplicate: %w", s.dialect.classify(err))
+		}
+	}
+	_ = tx.Rollback()
+	if err != nil {
+		return nil, false, nil, err
+	}
+	return nil, false, stored, nil
+}
+
+// CheckFingerprints implements inbox.FingerprintStore: it fails unless
+// Config.Fingerprints is set.
+func (s *Store) CheckFingerprints() error {
+	if !s.config.Fingerprints {
+		return fmt.Errorf("sqlinbox: %s is configured without fingerprints; set sqlinbox.Config.Fingerprints (and add the column to an existing table, see Store.SchemaSQL)", s.table)
+	}
+	return nil
+}
+
+// claim runs the claim statement; fingerprint is its third parameter when
+// Config.Fingerprints is set (nil stores NULL).
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string, fingerprint []byte) (bool, error) {
 	if s.q.beforeClaim != nil {
 		if err := s.q.beforeClaim(ctx, tx, consumer, eventID); err != nil {
 			return false, s.dialect.classify(err)
 		}
 	}
-	res, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, consumer, eventID)
+	var (
+		res sql.Result
+		err error
+	)
+	if s.config.Fingerprints {
+		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, consumer, eventID, nullBytes(fingerprint))
+	} else {
+		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, consumer, eventID)
+	}
 	if err != nil {
 		return false, s.dialect.classify(err)
 	}
@@ -278,4 +361,13 @@ func truncated(s string) string {
 		return s[:64] + "..."
 	}
 	return s
+}
+
+// nullBytes makes a nil slice an untyped nil, which every driver sends as
+// NULL.
+func nullBytes(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
 }

@@ -99,6 +99,9 @@ func Run(t *testing.T, target Target) {
 		{"ContextRestored", testContextRestored},
 		{"UUIDEventIDs", testUUIDEventIDs},
 		{"SchemaIdempotent", testSchemaIdempotent},
+		{"IDReuse", testIDReuse},
+		{"IDReuseLegacyRows", testIDReuseLegacyRows},
+		{"StaleEvents", testStaleEvents},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

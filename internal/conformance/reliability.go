@@ -1,0 +1,142 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// outcomes records every observed outcome, in order.
+type outcomes struct{ got []inbox.Outcome }
+
+func (o *outcomes) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+	return ctx, func(ob inbox.Observation) { o.got = append(o.got, ob.Outcome) }
+}
+
+func payloadMsg(id, payload string) *message.Message {
+	msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
+	msg.Metadata.Set(inbox.DefaultEventIDMetadataKey, id)
+	return msg
+}
+
+// An event id arriving again with another payload is reported per
+// OnIDReuse; the same payload is a plain duplicate; the handler never runs
+// twice.
+func testIDReuse(t *testing.T, target Target) {
+	if target.Native != nil {
+		// The native pgx store has no fingerprint claim; it must say so.
+		pool, err := pgxpool.New(context.Background(), testdb.PostgresDSN())
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		_, err = sqlinbox.NewPgx(pool, sqlinbox.Config{Table: "inbox", Fingerprints: true})
+		require.ErrorContains(t, err, "Fingerprints")
+		return
+	}
+	b := setup(t, target, func(c *sqlinbox.Config) { c.Fingerprints = true })
+	obs := &outcomes{}
+	reject := b.middleware(t, inbox.Config{Consumer: "c", Fingerprint: inbox.PayloadFingerprint, OnIDReuse: inbox.IDReuseReject, Observer: obs})
+	logger := watermill.NewCaptureLogger()
+	logged := b.middleware(t, inbox.Config{Consumer: "c", Fingerprint: inbox.PayloadFingerprint, Logger: logger, Observer: obs})
+	h := b.handler(nil)
+
+	_, err := call(reject, h, payloadMsg("ev-1", `{"n":1}`))
+	require.NoError(t, err)
+	_, err = call(reject, h, payloadMsg("ev-1", `{"n":1}`))
+	require.NoError(t, err, "same id, same payload: a duplicate")
+	_, err = call(reject, h, payloadMsg("ev-1", `{"n":2}`))
+	require.ErrorIs(t, err, inbox.ErrEventIDReused)
+	_, err = call(logged, h, payloadMsg("ev-1", `{"n":3}`))
+	require.NoError(t, err, "IDReuseLog acks")
+	require.Len(t, logger.Captured()[watermill.ErrorLogLevel], 1)
+	require.ErrorIs(t, logger.Captured()[watermill.ErrorLogLevel][0].Err, inbox.ErrEventIDReused)
+	require.Equal(t, []inbox.Outcome{inbox.OutcomeProcessed, inbox.OutcomeDuplicate, inbox.OutcomeIDReused, inbox.OutcomeIDReused}, obs.got)
+
+	// Without Fingerprint in the middleware nothing is written to the
+	// column, and a fingerprinted copy later is a duplicate, not a reuse.
+	plain := b.middleware(t, inbox.Config{Consumer: "c"})
+	_, err = call(plain, h, payloadMsg("ev-2", `{"n":1}`))
+	require.NoError(t, err)
+	_, err = call(reject, h, payloadMsg("ev-2", `{"n":2}`))
+	require.NoError(t, err)
+
+	require.Equal(t, once("c", "ev-1", "ev-2"), b.effectCounts(t))
+	var withFP int
+	require.NoError(t, b.db.QueryRow(fmt.Sprintf(`SELECT COUNT(*) FROM %s WHERE fingerprint IS NOT NULL`, b.store.Table())).Scan(&withFP))
+	require.Equal(t, 1, withFP, "only ev-1 was claimed with a fingerprint")
+
+	// A store without the column refuses the configuration.
+	_, err = inbox.NewMiddleware(inbox.Config{Store: setup(t, target).store, Fingerprint: inbox.PayloadFingerprint})
+	require.ErrorContains(t, err, "Fingerprints")
+}
+
+// A table made before fingerprints gets the column through
+// AddFingerprintColumnSQL; its old rows (NULL) are plain duplicates.
+func testIDReuseLegacyRows(t *testing.T, target Target) {
+	if target.Native != nil {
+		testIDReuse(t, target) // the refusal
+		return
+	}
+	b := setup(t, target, func(c *sqlinbox.Config) { c.UUIDEventIDs = true })
+	id := "0b5a3c9e-1f2d-4e5f-8a9b-0c1d2e3f4a5b"
+	_, err := call(b.middleware(t, inbox.Config{Consumer: "c"}), b.handler(nil), payloadMsg(id, "old"))
+	require.NoError(t, err)
+
+	cfg := b.config
+	cfg.Fingerprints = true
+	store, err := sqlinbox.New(b.db, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	_, err = b.db.Exec(store.AddFingerprintColumnSQL())
+	require.NoError(t, err)
+	mw := b.middleware(t, inbox.Config{Store: store, Consumer: "c", Fingerprint: inbox.PayloadFingerprint, OnIDReuse: inbox.IDReuseReject})
+
+	_, err = call(mw, b.handler(nil), payloadMsg(id, "new payload"))
+	require.NoError(t, err, "a row without a fingerprint never mismatches")
+	// In UUID mode the fingerprint lookup finds ids spelled differently.
+	other := "1b5a3c9e-1f2d-4e5f-8a9b-0c1d2e3f4a5b"
+	_, err = call(mw, b.handler(nil), payloadMsg(other, "a"))
+	require.NoError(t, err)
+	_, err = call(mw, b.handler(nil), payloadMsg(strings.ToUpper(other), "b"))
+	require.ErrorIs(t, err, inbox.ErrEventIDReused)
+	require.Equal(t, once("c", id, other), b.effectCounts(t))
+}
+
+// Stale events are rejected or skipped before any SQL, or processed.
+func testStaleEvents(t *testing.T, target Target) {
+	b := setup(t, target)
+	old := func(id string) *message.Message {
+		msg := newMsg(id)
+		msg.Metadata.Set("event_time", time.Now().Add(-48*time.Hour).Format(time.RFC3339Nano))
+		return msg
+	}
+	cfg := func(p inbox.StalePolicy) inbox.Config {
+		return inbox.Config{Consumer: "c", MaxEventAge: 24 * time.Hour, EventTime: inbox.EventTimeFromMetadata("event_time"), StaleEvents: p}
+	}
+	_, err := call(b.middleware(t, cfg(inbox.StaleReject)), b.handler(nil), old("rejected"))
+	require.ErrorIs(t, err, inbox.ErrStaleEvent)
+	_, err = call(b.middleware(t, cfg(inbox.StaleSkip)), b.handler(nil), old("skipped"))
+	require.NoError(t, err)
+	require.Equal(t, 0, b.claims(t), "nothing written for rejected or skipped events")
+
+	process := b.middleware(t, cfg(inbox.StaleProcess))
+	fresh := newMsg("fresh")
+	fresh.Metadata.Set("event_time", time.Now().Format(time.RFC3339Nano))
+	for _, msg := range []*message.Message{old("processed"), old("processed"), fresh, newMsg("untimed")} {
+		_, err = call(process, b.handler(nil), msg)
+		require.NoError(t, err)
+	}
+	_, err = call(b.middleware(t, cfg(inbox.StaleReject)), b.handler(nil), fresh.Copy())
+	require.NoError(t, err, "a fresh duplicate is a duplicate")
+	require.Equal(t, once("c", "processed", "fresh", "untimed"), b.effectCounts(t))
+}
