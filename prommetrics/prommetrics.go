@@ -46,6 +46,9 @@ type Metrics struct {
 	purgeRounds  *prometheus.CounterVec
 	purgeDeleted *prometheus.CounterVec
 	purgeTime    *prometheus.HistogramVec
+
+	reg       prometheus.Registerer // for WatchOldest
+	namespace string
 }
 
 var _ inbox.Observer = (*Metrics)(nil)
@@ -71,6 +74,8 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 		namespace = DefaultNamespace
 	}
 	m := &Metrics{
+		reg:       reg,
+		namespace: namespace,
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace,
 			Name:      "messages_total",
@@ -148,4 +153,53 @@ func (m *Metrics) ObservePurge(table string, deleted int64, d time.Duration, err
 	}
 	m.purgeDeleted.WithLabelValues(table).Add(float64(deleted))
 	m.purgeTime.WithLabelValues(table).Observe(d.Seconds())
+}
+
+// OldestClaimer is a store that can tell its oldest row: *sqlinbox.Store and
+// *sqlinbox.PgxStore.
+type OldestClaimer interface {
+	Table() string
+	OldestClaim(ctx context.Context) (oldest time.Time, ok bool, err error)
+}
+
+// OldestTimeout bounds the query WatchOldest runs on every scrape.
+const OldestTimeout = 5 * time.Second
+
+// WatchOldest registers the gauge oldest_row_timestamp_seconds{table}: when
+// the oldest row still in store's table was claimed, as Unix seconds, read
+// on every scrape (one index entry). Its age is time() - the gauge; alert
+// when it exceeds the purge retention by a margin, which means the purge
+// does not run or cannot keep up. An empty table has no sample; a failed
+// query fails the scrape of this metric, with the error. Call it once per
+// table.
+func (m *Metrics) WatchOldest(store OldestClaimer) error {
+	c := &oldestCollector{
+		store: store,
+		desc: prometheus.NewDesc(prometheus.BuildFQName(m.namespace, "", "oldest_row_timestamp_seconds"),
+			"When the oldest row still in the inbox table was claimed (database clock), as Unix seconds; time() minus it is the oldest row's age.",
+			nil, prometheus.Labels{"table": store.Table()}),
+	}
+	if err := m.reg.Register(c); err != nil {
+		return fmt.Errorf("prommetrics: registering the oldest row gauge of %s: %w", store.Table(), err)
+	}
+	return nil
+}
+
+type oldestCollector struct {
+	store OldestClaimer
+	desc  *prometheus.Desc
+}
+
+func (c *oldestCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *oldestCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), OldestTimeout)
+	defer cancel()
+	oldest, ok, err := c.store.OldestClaim(ctx)
+	switch {
+	case err != nil:
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+	case ok:
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(oldest.UnixNano())/1e9)
+	}
 }

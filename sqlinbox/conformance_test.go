@@ -32,6 +32,7 @@ func TestConformance(t *testing.T) {
 			Dialect:     sqlinbox.SQLite,
 			Open:        testdb.SQLite,
 			Placeholder: conformance.Question,
+			ProcessedAt: func(t time.Time) any { return t.UTC().Format("2006-01-02T15:04:05.000Z") },
 		},
 	} {
 		t.Run(target.Name, func(t *testing.T) {

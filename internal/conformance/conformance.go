@@ -46,6 +46,10 @@ type Target struct {
 	// must compare bytes exactly, like the inbox, or the effect counts would
 	// merge "Case" and "case". Defaults to VARCHAR(255).
 	TextColumn string
+	// ProcessedAt renders a time as the value the inbox's processed_at
+	// column holds (SQLite: RFC 3339 text in UTC). Defaults to the
+	// time.Time itself.
+	ProcessedAt func(time.Time) any
 	// Partitioning is the inbox table's layout (PostgreSQL time
 	// partitions, whose claims take another path). Defaults to none.
 	Partitioning sqlinbox.Partitioning
@@ -102,6 +106,7 @@ func Run(t *testing.T, target Target) {
 		{"IDReuse", testIDReuse},
 		{"IDReuseLegacyRows", testIDReuseLegacyRows},
 		{"StaleEvents", testStaleEvents},
+		{"OldestClaim", testOldestClaim},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

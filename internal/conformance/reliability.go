@@ -140,3 +140,34 @@ func testStaleEvents(t *testing.T, target Target) {
 	require.NoError(t, err, "a fresh duplicate is a duplicate")
 	require.Equal(t, once("c", "processed", "fresh", "untimed"), b.effectCounts(t))
 }
+
+// OldestClaim reads the oldest processed_at, partitions included.
+func testOldestClaim(t *testing.T, target Target) {
+	b := setup(t, target)
+	ctx := context.Background()
+	_, ok, err := b.store.OldestClaim(ctx)
+	require.NoError(t, err)
+	require.False(t, ok, "empty table")
+
+	_, err = call(b.middleware(t, inbox.Config{Consumer: "c"}), b.handler(nil), newMsg("new"))
+	require.NoError(t, err)
+	old := time.Date(2001, 2, 3, 4, 5, 6, 789e6, time.UTC)
+	var at any = old
+	if target.ProcessedAt != nil {
+		at = target.ProcessedAt(old)
+	}
+	_, err = b.db.Exec(fmt.Sprintf(`INSERT INTO %s (consumer, event_id, processed_at) VALUES (%s, %s, %s)`,
+		b.store.Table(), b.target.Placeholder(1), b.target.Placeholder(2), b.target.Placeholder(3)), "c", "old", at)
+	require.NoError(t, err)
+	got, ok, err := b.store.OldestClaim(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, old, got)
+
+	_, err = b.db.Exec(fmt.Sprintf(`DELETE FROM %s WHERE event_id = %s`, b.store.Table(), b.target.Placeholder(1)), "old")
+	require.NoError(t, err)
+	got, ok, err = b.store.OldestClaim(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.True(t, got.After(old), "the claim made now: %s", got)
+}
