@@ -37,6 +37,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
@@ -58,6 +59,7 @@ type options struct {
 	dupIDs   int
 	modes    string
 	kafka    int
+	uuidIDs  bool
 	out      io.Writer
 }
 
@@ -77,6 +79,7 @@ func main() {
 	flag.IntVar(&o.sample, "sample", 500, "messages per sample of the one-at-a-time cost pass")
 	flag.IntVar(&o.dupIDs, "dup-ids", 1000, "distinct events redelivered by the duplicates mode")
 	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
+	flag.BoolVar(&o.uuidIDs, "uuid-ids", false, "the empty inbox stores event ids in a native UUID column (sqlinbox.Config.UUIDEventIDs)")
 	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
@@ -182,7 +185,8 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 	if err := admin.CreateEffects(ctx, effects); err != nil {
 		return err
 	}
-	if err := admin.CreateInbox(ctx, empty); err != nil {
+	emptyConfig := sqlinbox.Config{Table: empty, UUIDEventIDs: o.uuidIDs}
+	if err := admin.CreateInbox(ctx, emptyConfig); err != nil {
 		return err
 	}
 	var rt bench.RoundTrips
@@ -192,13 +196,13 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 	}
 	defer conn.Close()
 
-	inboxH, err := conn.Inbox(empty, effects)
+	inboxH, err := conn.Inbox(emptyConfig, effects)
 	if err != nil {
 		return err
 	}
 	dupIDs := make([]string, o.dupIDs)
 	for i := range dupIDs {
-		dupIDs[i] = bench.Name("dup")
+		dupIDs[i] = watermill.NewUUID()
 	}
 	dedup := &middleware.Deduplicator{KeyFactory: middleware.MessageHasher(inbox.DefaultEventID)}
 	modes := []mode{
@@ -208,7 +212,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		{"dedup", dedup.Middleware(conn.Bare(effects)), bench.NewMessages()},
 	}
 	if full != "" {
-		fullH, err := conn.Inbox(full, effects)
+		fullH, err := conn.Inbox(sqlinbox.Config{Table: full}, effects)
 		if err != nil {
 			return err
 		}

@@ -23,12 +23,12 @@ type Admin struct {
 // database is what differs between the dialects for the benchmark's own
 // tables.
 type database struct {
-	dialect    sqlinbox.Dialect
-	sqlDriver  string // database/sql driver name of the admin pool
-	textType   string // the business table's id column
-	truncate   string // statement prefix emptying one table
-	ph         func(n int) string
-	prefill    func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error
+	dialect   sqlinbox.Dialect
+	sqlDriver string // database/sql driver name of the admin pool
+	textType  string // the business table's id column
+	truncate  string // statement prefix emptying one table
+	ph        func(n int) string
+	prefill   func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error
 }
 
 var (
@@ -99,9 +99,11 @@ func (a *Admin) CreateEffects(ctx context.Context, table string) error {
 	return err
 }
 
-// CreateInbox creates an inbox table through the library, as users do.
-func (a *Admin) CreateInbox(ctx context.Context, table string) error {
-	s, err := sqlinbox.New(a.db, sqlinbox.Config{Dialect: a.d.dialect, Table: table})
+// CreateInbox creates the inbox table of c through the library, as users
+// do; the dialect is the admin's.
+func (a *Admin) CreateInbox(ctx context.Context, c sqlinbox.Config) error {
+	c.Dialect = a.d.dialect
+	s, err := sqlinbox.New(a.db, c)
 	if err != nil {
 		return err
 	}
@@ -134,7 +136,7 @@ func (a *Admin) Drop(ctx context.Context, tables ...string) error {
 // page instead of at random. An existing table is reused, so the expensive
 // fill happens once.
 func (a *Admin) Prefill(ctx context.Context, table string, n int64, progress func(done int64)) error {
-	if err := a.CreateInbox(ctx, table); err != nil {
+	if err := a.CreateInbox(ctx, sqlinbox.Config{Table: table}); err != nil {
 		return err
 	}
 	const chunk = 1_000_000

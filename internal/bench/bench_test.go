@@ -33,14 +33,14 @@ func setup(tb testing.TB, d bench.Driver, conns int) *fixture {
 	effects, table := bench.Name("inbox_bench_effects"), bench.Name("inbox_bench")
 	tb.Cleanup(func() { _ = admin.Drop(ctx, effects, table) })
 	require.NoError(tb, admin.CreateEffects(ctx, effects))
-	require.NoError(tb, admin.CreateInbox(ctx, table))
+	require.NoError(tb, admin.CreateInbox(ctx, sqlinbox.Config{Table: table}))
 
 	f := &fixture{}
 	conn, err := d.Open(ctx, dsn, conns, &f.rt)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = conn.Close() })
 	f.bare = conn.Bare(effects)
-	f.inbox, err = conn.Inbox(table, effects)
+	f.inbox, err = conn.Inbox(sqlinbox.Config{Table: table}, effects)
 	require.NoError(tb, err)
 	for range 100 {
 		f.dups = append(f.dups, bench.Name("dup"))

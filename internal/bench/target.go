@@ -51,9 +51,10 @@ type Conn interface {
 	// Bare handles a message without the inbox: its business row written to
 	// effects in a transaction of its own, as a handler would.
 	Bare(effects string) message.HandlerFunc
-	// Inbox returns the handler behind the inbox middleware on inbox table
-	// table: the same business row, written in the inbox transaction.
-	Inbox(table, effects string) (message.HandlerFunc, error)
+	// Inbox returns the handler behind the inbox middleware on the inbox
+	// table of c (its Table and UUIDEventIDs; the dialect is the driver's):
+	// the same business row, written in the inbox transaction.
+	Inbox(c sqlinbox.Config, effects string) (message.HandlerFunc, error)
 	Close() error
 }
 
@@ -162,8 +163,9 @@ func (c *sqlConn) Bare(effects string) message.HandlerFunc {
 	}
 }
 
-func (c *sqlConn) Inbox(table, effects string) (message.HandlerFunc, error) {
-	store, err := sqlinbox.New(c.db, sqlinbox.Config{Dialect: c.d.dialect, Table: table})
+func (c *sqlConn) Inbox(sc sqlinbox.Config, effects string) (message.HandlerFunc, error) {
+	sc.Dialect = c.d.dialect
+	store, err := sqlinbox.New(c.db, sc)
 	if err != nil {
 		return nil, err
 	}
@@ -227,8 +229,8 @@ func (c *pgxConn) Bare(effects string) message.HandlerFunc {
 	}
 }
 
-func (c *pgxConn) Inbox(table, effects string) (message.HandlerFunc, error) {
-	store, err := sqlinbox.NewPgx(c.pool, sqlinbox.Config{Table: table})
+func (c *pgxConn) Inbox(sc sqlinbox.Config, effects string) (message.HandlerFunc, error) {
+	store, err := sqlinbox.NewPgx(c.pool, sc)
 	if err != nil {
 		return nil, err
 	}
