@@ -74,7 +74,7 @@ func TestMessagesByConsumerAndOutcome(t *testing.T) {
 	require.ErrorIs(t, err, inbox.ErrMissingEventID)
 
 	require.NoError(t, testutil.GatherAndCompare(f.reg, strings.NewReader(`
-# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, rolled_back, commit_failed).
+# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, rolled_back, commit_failed, id_reused, stale).
 # TYPE watermill_inbox_messages_total counter
 watermill_inbox_messages_total{consumer="analytics",outcome="processed"} 1
 watermill_inbox_messages_total{consumer="billing",outcome="duplicate"} 2
@@ -124,7 +124,7 @@ func TestClaimAndCommitFailures(t *testing.T) {
 	require.Error(t, err)
 
 	require.NoError(t, testutil.GatherAndCompare(f.reg, strings.NewReader(`
-# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, rolled_back, commit_failed).
+# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, rolled_back, commit_failed, id_reused, stale).
 # TYPE watermill_inbox_messages_total counter
 watermill_inbox_messages_total{consumer="c",outcome="claim_failed"} 1
 watermill_inbox_messages_total{consumer="c",outcome="commit_failed"} 1
