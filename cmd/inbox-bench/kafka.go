@@ -8,13 +8,13 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-inbox/inbox/internal/bench"
+	"github.com/watermill-inbox/inbox/internal/kafkatest"
 )
 
 // kafkaEndToEnd measures the whole path through Kafka: an in-process
@@ -23,7 +23,7 @@ import (
 // inbox. The rate runs from the first message handled to the last, so the
 // consumer group's join is left out; c partitions give c handlers at once.
 func kafkaEndToEnd(ctx context.Context, o options, modes []mode) error {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	cluster, err := kafkatest.NewCluster()
 	if err != nil {
 		return err
 	}
@@ -82,14 +82,8 @@ func kafkaRun(ctx context.Context, cluster *kfake.Cluster, pub message.Publisher
 		return 0, err
 	}
 
-	cfg := kafka.DefaultSaramaSubscriberConfig()
-	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-	cfg.Consumer.MaxWaitTime = 50 * time.Millisecond
 	// Short group timings: each run joins a new group.
-	cfg.Consumer.Group.Session.Timeout = 2 * time.Second
-	cfg.Consumer.Group.Heartbeat.Interval = 100 * time.Millisecond
-	cfg.Consumer.Group.Rebalance.Timeout = 2 * time.Second
-	cfg.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
+	cfg := kafkatest.SubscriberConfig(kafkatest.SessionTimeout)
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: cluster.ListenAddrs(), Unmarshaler: kafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: cfg, ConsumerGroup: topic,

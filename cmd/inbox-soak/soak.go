@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/kafkatest"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -44,14 +45,9 @@ type options struct {
 	progress   io.Writer // progress lines, or nil
 }
 
-// Kafka client timing: kfake accepts short sessions, so a member that
-// vanishes is expired in seconds and rebalances stay short.
-const (
-	minSessionTimeout = 500 * time.Millisecond
-	sessionTimeout    = 2 * time.Second
-	heartbeatInterval = 100 * time.Millisecond
-	messageTimeout    = 5 * time.Second
-)
+// messageTimeout bounds one message's handling, so a connection left
+// half-open by a cut cannot hold its partition forever.
+const messageTimeout = 5 * time.Second
 
 // faults counts what the soak injected.
 type faults struct {
@@ -217,7 +213,7 @@ func (s *soak) setup(ctx context.Context) error {
 		return err
 	}
 
-	s.broker, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(minSessionTimeout))
+	s.broker, err = kafkatest.NewCluster()
 	if err != nil {
 		return err
 	}
@@ -332,18 +328,7 @@ func (s *soak) waitCommitted(ctx context.Context, share float64) error {
 }
 
 func (s *soak) saramaConfig() *sarama.Config {
-	c := kafka.DefaultSaramaSubscriberConfig()
-	c.Consumer.Offsets.Initial = sarama.OffsetOldest
-	// Without it, a synchronous offset commit waits behind the fetch
-	// long-poll (500ms by default).
-	c.Consumer.MaxWaitTime = 50 * time.Millisecond
-	c.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
-	c.Consumer.Group.Session.Timeout = sessionTimeout
-	c.Consumer.Group.Heartbeat.Interval = heartbeatInterval
-	c.Consumer.Group.Rebalance.Timeout = sessionTimeout
-	c.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
-	c.Metadata.Retry.Backoff = 100 * time.Millisecond
-	return c
+	return kafkatest.SubscriberConfig(kafkatest.SessionTimeout)
 }
 
 type committedKey struct{}

@@ -20,19 +20,17 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/kafkatest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
-// Timing shared by every Kafka client in these tests. kfake accepts session
-// timeouts down to minSessionTimeout, so a member that dies (SIGKILL) is
-// expired in about sessionTimeout instead of Kafka's usual 10s or more.
+// Group timings come from kafkatest: a member that dies (SIGKILL) is
+// expired in about kafkatest.SessionTimeout instead of Kafka's usual 10s or
+// more.
 const (
-	partitions        = 4
-	minSessionTimeout = 500 * time.Millisecond
-	sessionTimeout    = 2 * time.Second
-	heartbeatInterval = 100 * time.Millisecond
-	waitFor           = 30 * time.Second
+	partitions = 4
+	waitFor    = 30 * time.Second
 )
 
 var logger = watermill.NopLogger{}
@@ -45,7 +43,7 @@ type broker struct {
 
 func newBroker(t testing.TB) *broker {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(minSessionTimeout))
+	c, err := kafkatest.NewCluster()
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return &broker{Cluster: c, addrs: c.ListenAddrs()}
@@ -98,18 +96,7 @@ func (b *broker) waitDrained(t testing.TB, group, topic string) {
 }
 
 func saramaConsumerConfig() *sarama.Config {
-	c := kafka.DefaultSaramaSubscriberConfig()
-	c.Consumer.Offsets.Initial = sarama.OffsetOldest
-	// Without it, a synchronous offset commit waits behind the fetch
-	// long-poll (500ms by default).
-	c.Consumer.MaxWaitTime = 50 * time.Millisecond
-	c.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
-	c.Consumer.Group.Session.Timeout = sessionTimeout
-	c.Consumer.Group.Heartbeat.Interval = heartbeatInterval
-	c.Consumer.Group.Rebalance.Timeout = time.Second
-	c.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
-	c.Metadata.Retry.Backoff = 100 * time.Millisecond
-	return c
+	return kafkatest.SubscriberConfig(time.Second)
 }
 
 func kafkaPublisher(t testing.TB, addrs []string) *kafka.Publisher {
