@@ -18,25 +18,40 @@ import (
 )
 
 // TestConformance runs the middleware's whole behaviour through the native
-// pgx path: the same suite as every database/sql driver.
+// pgx path: the same suite as every database/sql driver, on a plain and on
+// a daily-partitioned table.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	conformance.Run(t, conformance.Target{
-		Name:                    "PostgreSQL/pgx-native",
+	for _, mode := range []sqlinbox.Partitioning{sqlinbox.NoPartitioning, sqlinbox.Daily} {
+		target := nativeTarget("PostgreSQL/pgx-native")
+		if mode != sqlinbox.NoPartitioning {
+			target.Name += "/" + mode.String() + "-partitions"
+			target.Partitioning = mode
+		}
+		t.Run(target.Name, func(t *testing.T) {
+			t.Parallel()
+			conformance.Run(t, target)
+		})
+	}
+}
+
+func nativeTarget(name string) conformance.Target {
+	return conformance.Target{
+		Name:                    name,
 		Dialect:                 sqlinbox.PostgreSQL,
 		Open:                    func(t testing.TB) *sql.DB { return testdb.Postgres(t, "pgx") },
 		Placeholder:             conformance.Dollar,
 		FailedStatementAbortsTx: true,
 		ClaimTimeout:            true,
 		Native: &conformance.Native{
-			Middleware: func(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (message.HandlerMiddleware, func()) {
+			Middleware: func(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (message.HandlerMiddleware, func(), error) {
 				store := newStore(t, sc)
 				mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{
-					Store: store, Consumer: cfg.Consumer, EventID: cfg.EventID, Logger: cfg.Logger,
+					Store: store, Consumer: cfg.Consumer, EventID: cfg.EventID, Logger: cfg.Logger, Observer: cfg.Observer,
+					Fingerprint: cfg.Fingerprint, OnIDReuse: cfg.OnIDReuse,
 					MaxEventAge: cfg.MaxEventAge, EventTime: cfg.EventTime, StaleEvents: cfg.StaleEvents,
 				})
-				require.NoError(t, err)
-				return mw, store.Pool().Close
+				return mw, store.Pool().Close, err
 			},
 			Exec: func(ctx context.Context, query string, args ...any) error {
 				tx, ok := pgxinbox.TxFromContext(ctx)
@@ -47,7 +62,7 @@ func TestConformance(t *testing.T) {
 				return err
 			},
 		},
-	})
+	}
 }
 
 // newStore opens a pool of its own, closed when the test ends, and a

@@ -42,7 +42,19 @@ type Store interface {
 	Claim(ctx context.Context, opts pgx.TxOptions, consumer, eventID string) (pgx.Tx, bool, error)
 }
 
-var _ Store = (*sqlinbox.PgxStore)(nil)
+// FingerprintStore is implemented by stores that keep a fingerprint with
+// each claim (*sqlinbox.PgxStore with sqlinbox.Config.Fingerprints); its
+// contract is inbox.FingerprintStore's. The middleware uses it only when
+// Config.Fingerprint is set.
+type FingerprintStore interface {
+	ClaimWithFingerprint(ctx context.Context, opts pgx.TxOptions, consumer, eventID string, fingerprint []byte) (tx pgx.Tx, claimed bool, stored []byte, err error)
+	CheckFingerprints() error
+}
+
+var (
+	_ Store            = (*sqlinbox.PgxStore)(nil)
+	_ FingerprintStore = (*sqlinbox.PgxStore)(nil)
+)
 
 // Config configures NewMiddleware. Its fields mean what they mean in
 // inbox.Config.
@@ -71,6 +83,17 @@ type Config struct {
 	// Observer, when set, is told about every message (outcome, timings),
 	// as in inbox.Config. Defaults to nil.
 	Observer inbox.Observer
+
+	// Fingerprint, when set, stores a fingerprint with each claim and
+	// reports a duplicate whose fingerprint differs from the original's, an
+	// event id reused for another event, per OnIDReuse. The Store must
+	// implement FingerprintStore (sqlinbox.Config.Fingerprints). Duplicates
+	// then take one more round trip. Defaults to nil: no fingerprints.
+	Fingerprint inbox.FingerprintFunc
+
+	// OnIDReuse is what a reused event id does, when Fingerprint is set.
+	// Defaults to inbox.IDReuseLog.
+	OnIDReuse inbox.IDReusePolicy
 
 	// MaxEventAge, EventTime and StaleEvents are the stale-event policy of
 	// inbox.Config. Defaults to 0, nil and inbox.StaleProcess: event times
@@ -110,6 +133,19 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	case config.StaleEvents < inbox.StaleProcess || config.StaleEvents > inbox.StaleSkip:
 		return nil, fmt.Errorf("pgxinbox: invalid config: StaleEvents: unknown policy %d", config.StaleEvents)
 	}
+	var fs FingerprintStore
+	if config.Fingerprint != nil {
+		var ok bool
+		if fs, ok = config.Store.(FingerprintStore); !ok {
+			return nil, fmt.Errorf("pgxinbox: invalid config: Fingerprint: the store (%T) cannot keep fingerprints (pgxinbox.FingerprintStore)", config.Store)
+		}
+		if err := fs.CheckFingerprints(); err != nil {
+			return nil, fmt.Errorf("pgxinbox: invalid config: Fingerprint: %w", err)
+		}
+	}
+	if config.OnIDReuse < inbox.IDReuseLog || config.OnIDReuse > inbox.IDReuseIgnore {
+		return nil, fmt.Errorf("pgxinbox: invalid config: OnIDReuse: unknown policy %d", config.OnIDReuse)
+	}
 	opts := config.TxOptions
 	e := &engine.Engine[pgx.Tx]{
 		Consumer: config.Consumer,
@@ -125,6 +161,13 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 		MaxEventAge: config.MaxEventAge,
 		EventTime:   config.EventTime,
 		StaleEvents: int(config.StaleEvents),
+		OnIDReuse:   int(config.OnIDReuse),
+	}
+	if fs != nil {
+		e.Fingerprint = config.Fingerprint
+		e.ClaimFingerprint = func(ctx context.Context, consumer, eventID string, fp []byte) (pgx.Tx, bool, []byte, error) {
+			return fs.ClaimWithFingerprint(ctx, opts, consumer, eventID, fp)
+		}
 	}
 	if config.Observer != nil {
 		e.Observe = engine.AdaptObserver(config.Observer)

@@ -191,14 +191,20 @@ func TestNewPgxRefusesWhatItCannotDo(t *testing.T) {
 	pool := newStore(t, sqlinbox.Config{Table: "unused"}).Pool()
 	_, err := sqlinbox.NewPgx(pool, sqlinbox.Config{Dialect: sqlinbox.MySQL})
 	require.ErrorContains(t, err, "PostgreSQL")
-	_, err = sqlinbox.NewPgx(pool, sqlinbox.Config{Partitioning: sqlinbox.Daily})
+	_, err = sqlinbox.NewPgx(pool, sqlinbox.Config{Partitioning: 7})
 	require.ErrorContains(t, err, "Partitioning")
+	_, err = sqlinbox.NewPgx(pool, sqlinbox.Config{Partitioning: sqlinbox.Daily, Fingerprints: true})
+	require.NoError(t, err, "partitioned tables and fingerprints work on pgx")
 	_, err = sqlinbox.NewPgx(nil, sqlinbox.Config{})
 	require.Error(t, err)
 	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{})
 	require.ErrorContains(t, err, "Store")
 	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{Store: newStore(t, sqlinbox.Config{}), Consumer: "a\x00"})
 	require.ErrorContains(t, err, "Consumer")
+	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{Store: newStore(t, sqlinbox.Config{}), Fingerprint: inbox.PayloadFingerprint})
+	require.ErrorContains(t, err, "Fingerprints", "a store without the column")
+	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{Store: newStore(t, sqlinbox.Config{Fingerprints: true}), OnIDReuse: 9})
+	require.ErrorContains(t, err, "OnIDReuse")
 }
 
 type recorder struct {

@@ -41,10 +41,13 @@ type queries struct {
 	oldest string
 	// afterClaim runs after a new claim, before the handler ("" for none).
 	afterClaim string
-	// beforeClaim, when set, runs in the claim's transaction before claim
-	// (partitioned PostgreSQL: the lock on the event's key). Nil keeps the
-	// claim at one round trip.
-	beforeClaim func(ctx context.Context, tx *sql.Tx, consumer, eventID string) error
+	// beforeClaim, when set, runs in the claim's transaction before claim,
+	// as a statement of its own, with the consumer and the event id as
+	// parameters (partitioned PostgreSQL: the lock on the event's key). It
+	// returns one text value, which checkBeforeClaim judges. Empty keeps
+	// the claim at one statement.
+	beforeClaim      string
+	checkBeforeClaim func(result string) error
 	// verify checks, once per Store before the first claim, that the
 	// connection settings let claim report affected rows exactly.
 	verify func(ctx context.Context, db *sql.DB, q queries) error

@@ -71,7 +71,9 @@ func checkPartitioning(c Config) error {
 // before it started, and only a statement started after the lock was granted
 // sees the row of the transaction that held it. For the same reason the
 // claim refuses REPEATABLE READ and SERIALIZABLE, whose snapshot is taken by
-// the first statement, before the wait.
+// the first statement, before the wait. A pipeline (PgxStore) may send both
+// statements at once: each still takes its snapshot when the server
+// reaches it, after the previous one finished.
 func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string) queries {
 	table := t.quoted('"')
 	// Advisory locks are database-wide: the key hashes the table with the
@@ -103,11 +105,8 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 SELECT $1::text, $2::%[2]s%[4]s
 WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE consumer = $1::text AND event_id = $2::%[2]s)
 ON CONFLICT DO NOTHING`, table, idType, cols, fpVal),
-		beforeClaim: func(ctx context.Context, tx *sql.Tx, consumer, eventID string) error {
-			var isolation string
-			if err := tx.QueryRowContext(ctx, lock, consumer, eventID).Scan(&isolation); err != nil {
-				return err
-			}
+		beforeClaim: lock,
+		checkBeforeClaim: func(isolation string) error {
 			if isolation != "read committed" {
 				return fmt.Errorf("sqlinbox: a partitioned inbox table needs READ COMMITTED claims, this transaction is %s: its snapshot predates the wait for the event's lock, so it could miss the claim it waited for", strings.ToUpper(isolation))
 			}

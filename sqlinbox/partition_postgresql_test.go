@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -107,36 +106,13 @@ func TestPartitionedRacingClaimsOneWinner(t *testing.T) {
 	t.Parallel()
 	db, store, table := partitionedStore(t, "pgx", sqlinbox.Daily)
 	const events, racers = 5, 12
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		winners = map[string]int{}
-		start   = make(chan struct{})
-	)
-	for e := range events {
-		id := fmt.Sprintf("ev-%d", e)
-		for range racers {
-			wg.Go(func() {
-				<-start
-				tx, ok, err := store.Claim(context.Background(), nil, "billing", id)
-				if !ok || err != nil {
-					require.NoError(t, err)
-					return
-				}
-				// Hold the claim while the others arrive and wait.
-				time.Sleep(30 * time.Millisecond)
-				require.NoError(t, tx.Commit())
-				mu.Lock()
-				winners[id]++
-				mu.Unlock()
-			})
+	testdb.RaceClaims(t, events, racers, func(id string) (func() error, bool, error) {
+		tx, ok, err := store.Claim(context.Background(), nil, "billing", id)
+		if !ok {
+			return nil, false, err
 		}
-	}
-	close(start)
-	wg.Wait()
-	for e := range events {
-		require.Equal(t, 1, winners[fmt.Sprintf("ev-%d", e)])
-	}
+		return tx.Commit, true, nil
+	})
 	var n int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table).Scan(&n))
 	require.Equal(t, events, n)

@@ -29,9 +29,8 @@ type PgxStore struct {
 }
 
 // NewPgx returns a PgxStore for pool. config.Dialect defaults to
-// PostgreSQL, the only dialect pgx speaks. Partitioned tables are not
-// supported yet: their claim takes a lock first, in a statement of its own.
-// Closing the store does not close the pool.
+// PostgreSQL, the only dialect pgx speaks. Closing the store does not close
+// the pool.
 func NewPgx(pool *pgxpool.Pool, config Config) (*PgxStore, error) {
 	if pool == nil {
 		return nil, errors.New("sqlinbox: invalid config: pool is nil")
@@ -41,12 +40,6 @@ func NewPgx(pool *pgxpool.Pool, config Config) (*PgxStore, error) {
 	}
 	if config.Dialect != PostgreSQL {
 		return nil, fmt.Errorf("sqlinbox: invalid config: NewPgx needs the PostgreSQL dialect, not %s", config.Dialect)
-	}
-	if config.Partitioning != NoPartitioning {
-		return nil, fmt.Errorf("sqlinbox: invalid config: Partitioning %s is not supported by NewPgx yet; use New with pgx's stdlib", config.Partitioning)
-	}
-	if config.Fingerprints {
-		return nil, errors.New("sqlinbox: invalid config: Fingerprints is not supported by NewPgx yet; use New with pgx's stdlib")
 	}
 	s, err := New(stdlib.OpenDBFromPool(pool), config)
 	if err != nil {
@@ -59,14 +52,34 @@ func NewPgx(pool *pgxpool.Pool, config Config) (*PgxStore, error) {
 func (s *PgxStore) Pool() *pgxpool.Pool { return s.pool }
 
 // Claim opens a transaction on a pooled connection and claims (consumer,
-// eventID) in it, in one round trip: BEGIN and the INSERT are pipelined. Its
-// contract is inbox.Store's: the open transaction and true for a new claim;
-// for a duplicate or an error the transaction is already rolled back and
-// its connection back in the pool.
+// eventID) in it, in one round trip: BEGIN and the INSERT are pipelined,
+// with the event's lock between them on a partitioned table. Its contract
+// is inbox.Store's: the open transaction and true for a new claim; for a
+// duplicate or an error the transaction is already rolled back and its
+// connection back in the pool.
 func (s *PgxStore) Claim(ctx context.Context, opts pgx.TxOptions, consumer, eventID string) (pgx.Tx, bool, error) {
+	tx, claimed, _, err := s.claim(ctx, opts, consumer, eventID, nil, false)
+	return tx, claimed, err
+}
+
+// ClaimWithFingerprint is Claim, storing fingerprint (nil: NULL) with a new
+// claim, as Store.ClaimWithFingerprint does on database/sql. For a
+// duplicate with a fingerprint it reads the original's in the claim's
+// transaction, one more round trip, then rolls back; a new claim costs
+// nothing more.
+func (s *PgxStore) ClaimWithFingerprint(ctx context.Context, opts pgx.TxOptions, consumer, eventID string, fingerprint []byte) (pgx.Tx, bool, []byte, error) {
+	if err := s.CheckFingerprints(); err != nil {
+		return nil, false, nil, err
+	}
+	return s.claim(ctx, opts, consumer, eventID, fingerprint, fingerprint != nil)
+}
+
+// claim is Claim, reading the stored fingerprint of a duplicate when
+// readFingerprint is set.
+func (s *PgxStore) claim(ctx context.Context, opts pgx.TxOptions, consumer, eventID string, fingerprint []byte, readFingerprint bool) (pgx.Tx, bool, []byte, error) {
 	if !s.verified.Load() {
 		if err := s.verify(ctx); err != nil {
-			return nil, false, err
+			return nil, false, nil, err
 		}
 	}
 	// BEGIN is part of the batch, never sent apart from it: a claim sent
@@ -74,7 +87,14 @@ func (s *PgxStore) Claim(ctx context.Context, opts pgx.TxOptions, consumer, even
 	// then leave the event marked as processed.
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
-	b.Queue(s.q.claim, consumer, eventID)
+	if s.q.beforeClaim != "" {
+		b.Queue(s.q.beforeClaim, consumer, eventID)
+	}
+	if s.config.Fingerprints {
+		b.Queue(s.q.claim, consumer, eventID, fingerprint)
+	} else {
+		b.Queue(s.q.claim, consumer, eventID)
+	}
 	if s.q.afterClaim != "" {
 		b.Queue(s.q.afterClaim)
 	}
@@ -90,19 +110,45 @@ func (s *PgxStore) Claim(ctx context.Context, opts pgx.TxOptions, consumer, even
 	if err == nil && !s.verified.Load() {
 		s.verified.Store(true)
 	}
-	if err != nil || !claimed {
-		// Rollback also hands the connection back to the pool; when BEGIN
-		// itself failed the transaction is already closed and this only
-		// releases the connection.
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, false, err
+	if err == nil && claimed {
+		return tx, true, nil, nil
 	}
-	return tx, true, nil
+	var stored []byte
+	if err == nil && readFingerprint {
+		// Under READ COMMITTED this statement sees the committed row the
+		// claim found; under REPEATABLE READ the claim saw only rows of
+		// its snapshot, which this one shares.
+		err = tx.QueryRow(ctx, s.q.fingerprint, consumer, eventID).Scan(&stored)
+		if errors.Is(err, pgx.ErrNoRows) { // purged meanwhile
+			err = nil
+		}
+		if err != nil {
+			err = fmt.Errorf("sqlinbox: reading the fingerprint of a duplicate: %w", s.dialect.classify(err))
+		}
+	}
+	// Rollback also hands the connection back to the pool; when BEGIN
+	// itself failed the transaction is already closed and this only
+	// releases the connection.
+	_ = tx.Rollback(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, false, nil, err
+	}
+	return nil, false, stored, nil
 }
 
 func (s *PgxStore) readClaim(br pgx.BatchResults) (bool, error) {
 	if _, err := br.Exec(); err != nil { // BEGIN
 		return false, s.dialect.classify(err)
+	}
+	if s.q.beforeClaim != "" {
+		var result string
+		if err := br.QueryRow().Scan(&result); err != nil {
+			return false, s.dialect.classify(err)
+		}
+		// The claim already ran; failing here rolls it back.
+		if err := s.q.checkBeforeClaim(result); err != nil {
+			return false, err
+		}
 	}
 	tag, err := br.Exec()
 	if err != nil {

@@ -251,9 +251,13 @@ func (s *Store) CheckFingerprints() error {
 // claim runs the claim statement; fingerprint is its third parameter when
 // Config.Fingerprints is set (nil stores NULL).
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string, fingerprint []byte) (bool, error) {
-	if s.q.beforeClaim != nil {
-		if err := s.q.beforeClaim(ctx, tx, consumer, eventID); err != nil {
+	if s.q.beforeClaim != "" {
+		var result string
+		if err := tx.QueryRowContext(ctx, s.q.beforeClaim, consumer, eventID).Scan(&result); err != nil {
 			return false, s.dialect.classify(err)
+		}
+		if err := s.q.checkBeforeClaim(result); err != nil {
+			return false, err
 		}
 	}
 	var (

@@ -63,9 +63,10 @@ type Target struct {
 // Native is a middleware whose transaction is not a *sql.Tx (native pgx).
 type Native struct {
 	// Middleware builds the middleware for the inbox table described by sc,
-	// with cfg's Consumer, EventID and Logger (cfg.Store is ignored), on a
-	// connection pool of its own that the test's end, or closePool, closes.
-	Middleware func(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (mw message.HandlerMiddleware, closePool func())
+	// with every field of cfg but Store, on a connection pool of its own
+	// that the test's end, or closePool, closes. err is the middleware
+	// constructor's.
+	Middleware func(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (mw message.HandlerMiddleware, closePool func(), err error)
 	// Exec runs a statement in the inbox transaction of the message whose
 	// context is ctx.
 	Exec func(ctx context.Context, query string, args ...any) error
@@ -153,7 +154,8 @@ func setup(t *testing.T, target Target, mutate ...func(*sqlinbox.Config)) *bundl
 func (b *bundle) middleware(t testing.TB, cfg inbox.Config) message.HandlerMiddleware {
 	t.Helper()
 	if b.target.Native != nil {
-		mw, _ := b.target.Native.Middleware(t, b.config, cfg)
+		mw, _, err := b.target.Native.Middleware(t, b.config, cfg)
+		require.NoError(t, err)
 		return mw
 	}
 	if cfg.Store == nil {
@@ -164,12 +166,29 @@ func (b *bundle) middleware(t testing.TB, cfg inbox.Config) message.HandlerMiddl
 	return mw
 }
 
+// middlewareOn builds the middleware on a store of the bundle's table
+// configured as sc, and returns the constructor's error.
+func (b *bundle) middlewareOn(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (message.HandlerMiddleware, error) {
+	t.Helper()
+	if b.target.Native != nil {
+		mw, _, err := b.target.Native.Middleware(t, sc, cfg)
+		return mw, err
+	}
+	store, err := sqlinbox.New(b.db, sc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	cfg.Store = store
+	return inbox.NewMiddleware(cfg)
+}
+
 // freshMiddleware builds the middleware on a connection pool of its own, as
 // another process would; closePool closes that pool.
 func (b *bundle) freshMiddleware(t testing.TB, cfg inbox.Config) (mw message.HandlerMiddleware, closePool func()) {
 	t.Helper()
 	if b.target.Native != nil {
-		return b.target.Native.Middleware(t, b.config, cfg)
+		mw, closePool, err := b.target.Native.Middleware(t, b.config, cfg)
+		require.NoError(t, err)
+		return mw, closePool
 	}
 	db := b.target.Open(t)
 	store, err := sqlinbox.New(db, b.config)

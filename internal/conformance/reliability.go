@@ -9,11 +9,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -34,15 +32,6 @@ func payloadMsg(id, payload string) *message.Message {
 // OnIDReuse; the same payload is a plain duplicate; the handler never runs
 // twice.
 func testIDReuse(t *testing.T, target Target) {
-	if target.Native != nil {
-		// The native pgx store has no fingerprint claim; it must say so.
-		pool, err := pgxpool.New(context.Background(), testdb.PostgresDSN())
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		_, err = sqlinbox.NewPgx(pool, sqlinbox.Config{Table: "inbox", Fingerprints: true})
-		require.ErrorContains(t, err, "Fingerprints")
-		return
-	}
 	b := setup(t, target, func(c *sqlinbox.Config) { c.Fingerprints = true })
 	obs := &outcomes{}
 	reject := b.middleware(t, inbox.Config{Consumer: "c", Fingerprint: inbox.PayloadFingerprint, OnIDReuse: inbox.IDReuseReject, Observer: obs})
@@ -76,30 +65,25 @@ func testIDReuse(t *testing.T, target Target) {
 	require.Equal(t, 1, withFP, "only ev-1 was claimed with a fingerprint")
 
 	// A store without the column refuses the configuration.
-	_, err = inbox.NewMiddleware(inbox.Config{Store: setup(t, target).store, Fingerprint: inbox.PayloadFingerprint})
+	plainStore := setup(t, target)
+	_, err = plainStore.middlewareOn(t, plainStore.config, inbox.Config{Fingerprint: inbox.PayloadFingerprint})
 	require.ErrorContains(t, err, "Fingerprints")
 }
 
 // A table made before fingerprints gets the column through
 // AddFingerprintColumnSQL; its old rows (NULL) are plain duplicates.
 func testIDReuseLegacyRows(t *testing.T, target Target) {
-	if target.Native != nil {
-		testIDReuse(t, target) // the refusal
-		return
-	}
 	b := setup(t, target, func(c *sqlinbox.Config) { c.UUIDEventIDs = true })
 	id := "0b5a3c9e-1f2d-4e5f-8a9b-0c1d2e3f4a5b"
 	_, err := call(b.middleware(t, inbox.Config{Consumer: "c"}), b.handler(nil), payloadMsg(id, "old"))
 	require.NoError(t, err)
 
+	_, err = b.db.Exec(b.store.AddFingerprintColumnSQL())
+	require.NoError(t, err)
 	cfg := b.config
 	cfg.Fingerprints = true
-	store, err := sqlinbox.New(b.db, cfg)
+	mw, err := b.middlewareOn(t, cfg, inbox.Config{Consumer: "c", Fingerprint: inbox.PayloadFingerprint, OnIDReuse: inbox.IDReuseReject})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = store.Close() })
-	_, err = b.db.Exec(store.AddFingerprintColumnSQL())
-	require.NoError(t, err)
-	mw := b.middleware(t, inbox.Config{Store: store, Consumer: "c", Fingerprint: inbox.PayloadFingerprint, OnIDReuse: inbox.IDReuseReject})
 
 	_, err = call(mw, b.handler(nil), payloadMsg(id, "new payload"))
 	require.NoError(t, err, "a row without a fingerprint never mismatches")

@@ -1,0 +1,123 @@
+package pgxinbox_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+func (f *fixture) claim(t *testing.T, consumer, eventID string) bool {
+	t.Helper()
+	tx, ok, err := f.store.Claim(context.Background(), pgx.TxOptions{}, consumer, eventID)
+	require.NoError(t, err)
+	if ok {
+		require.NoError(t, tx.Commit(context.Background()))
+	}
+	return ok
+}
+
+// partitionOf returns the partition holding (consumer, eventID).
+func (f *fixture) partitionOf(t *testing.T, consumer, eventID string) string {
+	t.Helper()
+	var name string
+	require.NoError(t, f.store.Pool().QueryRow(context.Background(),
+		`SELECT tableoid::regclass::text FROM `+f.store.Table()+` WHERE consumer = $1 AND event_id = $2`, consumer, eventID).Scan(&name))
+	return name
+}
+
+func (f *fixture) exec(t *testing.T, query string) {
+	t.Helper()
+	_, err := f.store.Pool().Exec(context.Background(), query)
+	require.NoError(t, err)
+}
+
+// The pipelined claim finds a duplicate whose original sits in another
+// partition, which the partitioned table's key cannot see: claim an event,
+// move its row across the partition boundary (as time passing would),
+// deliver it again.
+func TestPartitionedDuplicateAcrossPartitions(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{Partitioning: sqlinbox.Daily})
+	ctx := context.Background()
+	sess, ok, err := f.store.BeginPurge(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+	created, _, err := sess.CreatePartitions(ctx, 0, time.Second)
+	require.NoError(t, err)
+	require.Len(t, created, 1)
+	require.NoError(t, sess.Close())
+	table := f.store.Table()
+	today := table + "_p" + created[0].From.Format("20060102")
+	from := created[0].From.AddDate(0, 0, -5)
+	old := table + "_p" + from.Format("20060102")
+	f.exec(t, fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s+00') TO ('%s+00')`,
+		old, table, from.Format(time.DateTime), from.AddDate(0, 0, 1).Format(time.DateTime)))
+
+	require.True(t, f.claim(t, "billing", "ev-1"))
+	require.Equal(t, today, f.partitionOf(t, "billing", "ev-1"))
+	require.False(t, f.claim(t, "billing", "ev-1"), "same partition")
+
+	f.exec(t, `UPDATE `+table+` SET processed_at = processed_at - interval '5 days' WHERE event_id = 'ev-1'`)
+	require.Equal(t, old, f.partitionOf(t, "billing", "ev-1"))
+	require.False(t, f.claim(t, "billing", "ev-1"), "a duplicate whose original is in another partition must be detected")
+	require.True(t, f.claim(t, "other-consumer", "ev-1"))
+
+	f.exec(t, `INSERT INTO `+table+` (consumer, event_id, processed_at) VALUES ('billing', 'ev-2', now() - interval '40 days')`)
+	require.Equal(t, table+"_default", f.partitionOf(t, "billing", "ev-2"))
+	require.False(t, f.claim(t, "billing", "ev-2"))
+
+	require.Equal(t, 2, f.claims(t, "ev-1"))
+	f.noOpenTransactions(t)
+}
+
+// Racing pipelined claims of one event on a partitioned table: one winner,
+// although the lock and the claim reach the server in one batch and the key
+// cannot arbitrate (every claim's processed_at differs).
+func TestPartitionedRacingClaimsOneWinner(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{Partitioning: sqlinbox.Daily})
+	const events, racers = 5, 12
+	testdb.RaceClaims(t, events, racers, func(id string) (func() error, bool, error) {
+		ctx := context.Background()
+		tx, ok, err := f.store.Claim(ctx, pgx.TxOptions{}, "billing", id)
+		if !ok {
+			return nil, false, err
+		}
+		return func() error { return tx.Commit(ctx) }, true, nil
+	})
+	for e := range events {
+		id := fmt.Sprintf("ev-%d", e)
+		require.Equal(t, 1, f.claims(t, id), id)
+	}
+	f.noOpenTransactions(t)
+}
+
+// As on database/sql, partitioned claims refuse REPEATABLE READ and
+// SERIALIZABLE: the snapshot would predate the wait for the event's lock.
+// The refused claim leaves no row and no open transaction.
+func TestPartitionedNeedsReadCommitted(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{Partitioning: sqlinbox.Monthly})
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		tx, ok, err := f.store.Claim(context.Background(), pgx.TxOptions{IsoLevel: iso}, "billing", "ev-1")
+		if ok {
+			_ = tx.Rollback(context.Background())
+		}
+		require.ErrorContains(t, err, "needs READ COMMITTED", iso)
+		require.False(t, ok)
+	}
+	require.Zero(t, f.claims(t, "ev-1"))
+	f.noOpenTransactions(t)
+	tx, ok, err := f.store.Claim(context.Background(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, "billing", "ev-1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, tx.Commit(context.Background()))
+	require.Equal(t, 1, f.claims(t, "ev-1"))
+}
