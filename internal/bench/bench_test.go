@@ -25,6 +25,13 @@ type fixture struct {
 
 func setup(tb testing.TB, d bench.Driver, conns int) *fixture {
 	tb.Helper()
+	return setupOn(tb, d, conns, sqlinbox.Config{})
+}
+
+// setupOn is setup with the inbox table configured as sc (its Table is
+// set here).
+func setupOn(tb testing.TB, d bench.Driver, conns int, sc sqlinbox.Config) *fixture {
+	tb.Helper()
 	ctx := context.Background()
 	dsn := dsnFor(tb, d)
 	admin, err := bench.OpenAdmin(ctx, d, dsn)
@@ -33,14 +40,15 @@ func setup(tb testing.TB, d bench.Driver, conns int) *fixture {
 	effects, table := bench.Name("inbox_bench_effects"), bench.Name("inbox_bench")
 	tb.Cleanup(func() { _ = admin.Drop(ctx, effects, table) })
 	require.NoError(tb, admin.CreateEffects(ctx, effects))
-	require.NoError(tb, admin.CreateInbox(ctx, sqlinbox.Config{Table: table}))
+	sc.Table = table
+	require.NoError(tb, admin.CreateInbox(ctx, sc))
 
 	f := &fixture{}
 	conn, err := d.Open(ctx, dsn, conns, &f.rt)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = conn.Close() })
 	f.bare = conn.Bare(effects)
-	f.inbox, err = conn.Inbox(sqlinbox.Config{Table: table}, effects)
+	f.inbox, err = conn.Inbox(sc, effects)
 	require.NoError(tb, err)
 	for range 100 {
 		f.dups = append(f.dups, bench.Name("dup"))
@@ -156,6 +164,11 @@ func TestRoundTrips(t *testing.T) {
 				// BEGIN+claim, INSERT, COMMIT; a duplicate: BEGIN+claim, ROLLBACK.
 				require.Equal(t, bare, per(f.inbox, bench.NewMessages()))
 				require.Equal(t, 2.0, per(f.inbox, bench.Duplicates(f.dups)))
+				// On a partitioned table the event's lock travels in the
+				// same batch, between BEGIN and the claim.
+				f = setupOn(t, d, 1, sqlinbox.Config{Partitioning: sqlinbox.Daily})
+				require.Equal(t, bare, per(f.inbox, bench.NewMessages()), "partitioned")
+				require.Equal(t, 2.0, per(f.inbox, bench.Duplicates(f.dups)), "partitioned")
 				return
 			}
 			require.LessOrEqual(t, per(f.inbox, bench.NewMessages()), bare+1)
