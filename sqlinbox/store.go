@@ -52,9 +52,10 @@ type Config struct {
 
 	// Partitioning makes CreateSchema create a PostgreSQL table partitioned
 	// by processed_at (Daily or Monthly), whose purge drops whole partitions
-	// instead of deleting rows; see package purge. Claims then take one more
-	// round trip (a lock on the event's key, so that a duplicate is found in
-	// any partition) and need READ COMMITTED. It must match the table
+	// instead of deleting rows; see package purge. Claims then take a lock
+	// on the event's key first, so that a duplicate is found in any
+	// partition: one more round trip on database/sql, none on NewPgx, whose
+	// batch carries it. They need READ COMMITTED. It must match the table
 	// CreateSchema made. Defaults to NoPartitioning.
 	Partitioning Partitioning
 
