@@ -57,6 +57,7 @@ type options struct {
 	prefill  int64
 	sample   int
 	dupIDs   int
+	v7IDs    bool
 	modes    string
 	kafka    int
 	uuidIDs  bool
@@ -79,6 +80,7 @@ func main() {
 	flag.IntVar(&o.sample, "sample", 500, "messages per sample of the one-at-a-time cost pass")
 	flag.IntVar(&o.dupIDs, "dup-ids", 1000, "distinct events redelivered by the duplicates mode")
 	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
+	flag.BoolVar(&o.v7IDs, "v7-ids", false, "new events get time-ordered UUIDv7 ids instead of random UUIDv4 ones")
 	flag.BoolVar(&o.uuidIDs, "uuid-ids", false, "the empty inbox stores event ids in a native UUID column (sqlinbox.Config.UUIDEventIDs)")
 	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
@@ -204,12 +206,16 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 	for i := range dupIDs {
 		dupIDs[i] = watermill.NewUUID()
 	}
+	fresh := bench.NewMessages
+	if o.v7IDs {
+		fresh = bench.NewTimeOrderedMessages
+	}
 	dedup := &middleware.Deduplicator{KeyFactory: middleware.MessageHasher(inbox.DefaultEventID)}
 	modes := []mode{
-		{"bare", conn.Bare(effects), bench.NewMessages()},
-		{"inbox", inboxH, bench.NewMessages()},
+		{"bare", conn.Bare(effects), fresh()},
+		{"inbox", inboxH, fresh()},
 		{"dup", inboxH, bench.Duplicates(dupIDs)},
-		{"dedup", dedup.Middleware(conn.Bare(effects)), bench.NewMessages()},
+		{"dedup", dedup.Middleware(conn.Bare(effects)), fresh()},
 	}
 	if full != "" {
 		fullH, err := conn.Inbox(sqlinbox.Config{Table: full}, effects)
@@ -217,7 +223,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 			return err
 		}
 		modes = append(modes,
-			mode{"inbox-full", fullH, bench.NewMessages()},
+			mode{"inbox-full", fullH, fresh()},
 			mode{"dup-full", fullH, bench.PrefilledDuplicates(o.prefill)})
 	}
 	modes, err = selectModes(modes, o.modes)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 )
 
 // Result is one timed run of a handler.
@@ -60,6 +61,13 @@ type Messages func(worker int) *message.Message
 // ids producers generate, so claims land all over the index).
 func NewMessages() Messages {
 	return func(int) *message.Message { return message.NewMessage(watermill.NewUUID(), nil) }
+}
+
+// NewTimeOrderedMessages gives every message a new UUIDv7 event id: ids
+// that grow with time, so new claims land on the rightmost pages of the key
+// index instead of all over it.
+func NewTimeOrderedMessages() Messages {
+	return func(int) *message.Message { return message.NewMessage(uuid.Must(uuid.NewV7()).String(), nil) }
 }
 
 // Duplicates redelivers events whose ids are among ids, picked at random.
