@@ -6,6 +6,7 @@
 //
 //	go run ./cmd/inbox-bench                               # every driver, c=1,8,32, empty inbox
 //	go run ./cmd/inbox-bench -prefill 10000000             # also against an inbox holding 10M claims
+//	go run ./cmd/inbox-bench -drivers pgx -prefill 10000000 -prefill-partitioning daily  # 10M claims in daily partitions
 //	go run ./cmd/inbox-bench -drivers pgx -c 8 -duration 5s -rounds 5
 //
 // Per driver it prints first the cost of one message, measured one at a
@@ -55,6 +56,7 @@ type options struct {
 	duration time.Duration
 	rounds   int
 	prefill  int64
+	prefillP string
 	sample   int
 	dupIDs   int
 	v7IDs    bool
@@ -77,6 +79,7 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 2*time.Second, "length of one measured run of one mode")
 	flag.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per concurrency")
 	flag.Int64Var(&o.prefill, "prefill", 0, "also run against an inbox already holding this many claims (kept between runs as inbox_bench_prefill_N)")
+	flag.StringVar(&o.prefillP, "prefill-partitioning", "none", "layout of the -prefill table: none, or daily (PostgreSQL: sqlinbox.Daily, kept as inbox_bench_prefill_daily_N, the claims spread over the 14 days before today)")
 	flag.IntVar(&o.sample, "sample", 500, "messages per sample of the one-at-a-time cost pass")
 	flag.IntVar(&o.dupIDs, "dup-ids", 1000, "distinct events redelivered by the duplicates mode")
 	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
@@ -117,6 +120,14 @@ func driverNames() string {
 	}
 	return strings.Join(names, ", ")
 }
+
+// The daily-partitioned prefill spreads its claims over prefillDays days
+// before today, and has the purge create today's partition and prefillAhead
+// more, as a purge running daily keeps them.
+const (
+	prefillDays  = 14
+	prefillAhead = 3
+)
 
 // mode is one way of handling the stream of messages.
 type mode struct {
@@ -166,17 +177,30 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		return err
 	}
 	defer admin.Close()
-	full := ""
+	full, fullConfig := "", sqlinbox.Config{}
 	if o.prefill > 0 {
 		full = fmt.Sprintf("inbox_bench_prefill_%d", o.prefill)
-		fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims (the table is kept for later runs)\n", full, d.Dialect(), o.prefill)
 		last := time.Now()
-		err := admin.Prefill(ctx, full, o.prefill, func(done int64) {
+		progress := func(done int64) {
 			if time.Since(last) > 10*time.Second {
 				fmt.Fprintf(o.out, "  %d rows\n", done)
 				last = time.Now()
 			}
-		})
+		}
+		switch o.prefillP {
+		case "none", "":
+			fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims (the table is kept for later runs)\n", full, d.Dialect(), o.prefill)
+			err = admin.Prefill(ctx, full, o.prefill, progress)
+		case "daily":
+			full = fmt.Sprintf("inbox_bench_prefill_daily_%d", o.prefill)
+			fullConfig.Partitioning = sqlinbox.Daily
+			fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims in daily partitions, %d days back, %d ahead (the table is kept for later runs)\n",
+				full, d.Dialect(), o.prefill, prefillDays, prefillAhead)
+			err = admin.PrefillDaily(ctx, full, o.prefill, prefillDays, prefillAhead, progress)
+		default:
+			return fmt.Errorf("-prefill-partitioning: %q is neither none nor daily", o.prefillP)
+		}
+		fullConfig.Table = full
 		if err != nil {
 			return fmt.Errorf("prefilling %s: %w", full, err)
 		}
@@ -218,7 +242,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		{"dedup", dedup.Middleware(conn.Bare(effects)), fresh()},
 	}
 	if full != "" {
-		fullH, err := conn.Inbox(sqlinbox.Config{Table: full}, effects)
+		fullH, err := conn.Inbox(fullConfig, effects)
 		if err != nil {
 			return err
 		}

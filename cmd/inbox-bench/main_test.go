@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,4 +39,32 @@ func TestKafkaSmoke(t *testing.T) {
 	})
 	require.NoError(t, err, out.String())
 	require.Contains(t, out.String(), "kafka, 2 partitions")
+}
+
+// The 10M-claim modes run against a small daily-partitioned prefill too,
+// claiming through the partitioned store.
+func TestPrefillDailySmoke(t *testing.T) {
+	t.Parallel()
+	const table = "inbox_bench_prefill_daily_3000"
+	dsn := testdb.PostgresDSN()
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + table)
+		_ = db.Close()
+	})
+	var out bytes.Buffer
+	err = run(context.Background(), options{
+		drivers: "pgx", dsn: dsn, conc: []int{2}, prefill: 3000, prefillP: "daily",
+		duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, modes: "bare,inbox-full,dup-full", out: &out,
+	})
+	require.NoError(t, err, out.String())
+	require.Contains(t, out.String(), "inbox-full")
+	_, rates, _ := strings.Cut(out.String(), "c=2")
+	require.NotContains(t, rates, "(", "a mode reported errors:\n%s", out.String())
+	var parts, inDefault int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, table).Scan(&parts))
+	require.Equal(t, prefillDays+prefillAhead+2, parts, "the past days, today, the days ahead and the default partition")
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table+`_default`).Scan(&inDefault))
+	require.Zero(t, inDefault, "every claim has a partition of its own day")
 }

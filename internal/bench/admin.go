@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql" // registers "mysql" for the admin pool
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx" for the admin pool
@@ -213,11 +214,15 @@ func (w *WAL) Between(ctx context.Context, from, to WALMark, tables ...string) (
 		return 0, 0, true, nil
 	}
 	// A transaction is ours when one of its records references a block of
-	// our tables; its commit record then counts too.
+	// our tables (the partitions of a partitioned one included); its commit
+	// record then counts too.
 	err = w.a.db.QueryRowContext(ctx, `
-WITH rels AS (
+WITH RECURSIVE tabs AS (
+	SELECT unnest($3::regclass[])::oid AS oid
+	UNION SELECT i.inhrelid FROM pg_inherits i JOIN tabs t ON i.inhparent = t.oid
+), rels AS (
 	SELECT '/' || pg_relation_filenode(c.oid) || ' ' AS fn FROM pg_class c
-	WHERE c.oid = ANY ($3::regclass[]) OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = ANY ($3::regclass[]))
+	WHERE c.oid IN (SELECT oid FROM tabs) OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid IN (SELECT oid FROM tabs))
 ), recs AS (
 	SELECT xid, record_length, fpi_length, block_ref FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
 ), mine AS (
@@ -226,4 +231,91 @@ WITH rels AS (
 SELECT COALESCE(sum(record_length - fpi_length), 0)::bigint, COALESCE(sum(fpi_length), 0)::bigint
 FROM recs WHERE xid IN (SELECT xid FROM mine)`, from.lsn, to.lsn, "{"+strings.Join(tables, ",")+"}").Scan(&records, &fpi)
 	return records, fpi, true, err
+}
+
+// PrefillDaily makes sure inbox table is partitioned by day
+// (sqlinbox.Daily) and holds the claims of events 1..n for Consumer (ids
+// from PrefilledID), spread evenly over the days UTC days before today
+// (event i on day i mod days), as a table purged by dropping partitions
+// would hold them. It creates the partitions of those days, and, through
+// the purge, today's and the ahead next ones, so new claims land in a
+// partition of their own and the default partition stays empty. Like
+// Prefill it inserts in chunks of a million rows, each sorted by key, and
+// reuses an existing table; on a later day the table still holds the same
+// rows and the purge adds the new today's partition. PostgreSQL only.
+func (a *Admin) PrefillDaily(ctx context.Context, table string, n int64, days, ahead int, progress func(done int64)) error {
+	if a.d.dialect != sqlinbox.PostgreSQL {
+		return fmt.Errorf("daily partitions are only available on PostgreSQL, not %s", a.d.dialect)
+	}
+	if days < 1 {
+		return fmt.Errorf("days: %d, want at least 1", days)
+	}
+	c := sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: sqlinbox.Daily}
+	if err := a.CreateInbox(ctx, c); err != nil {
+		return err
+	}
+	var today time.Time
+	if err := a.db.QueryRowContext(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&today); err != nil {
+		return err
+	}
+	today = today.UTC()
+	// The partitions of the past days, named as the purge names its own
+	// (table_pYYYYMMDD) so that it lists and drops them.
+	for d := days; d >= 1; d-- {
+		from := today.AddDate(0, 0, -d)
+		_, err := a.db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s_p%s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
+			table, from.Format("20060102"), table, from.Format(time.RFC3339), from.AddDate(0, 0, 1).Format(time.RFC3339)))
+		if err != nil {
+			return fmt.Errorf("creating the partition of %s: %w", from.Format(time.DateOnly), err)
+		}
+	}
+	store, err := sqlinbox.New(a.db, c)
+	if err != nil {
+		return err
+	}
+	ps, ok, err := store.BeginPurge(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("another session holds the purge lock of %s", table)
+	}
+	_, blocked, err := ps.CreatePartitions(ctx, ahead, 10*time.Second)
+	_ = ps.Close()
+	if err != nil {
+		return err
+	}
+	if len(blocked) > 0 {
+		return fmt.Errorf("the default partition of %s holds rows of %v: drop the table to prefill it again", table, blocked)
+	}
+	const chunk = 1_000_000
+	filled := false
+	for lo := int64(1); lo <= n; lo += chunk {
+		hi := min(lo+chunk-1, n)
+		var done int
+		err := a.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+table+` WHERE consumer = $1 AND event_id = $2`, Consumer, PrefilledID(hi)).Scan(&done)
+		if err != nil {
+			return err
+		}
+		if done == 0 {
+			// Event i on day i mod days before today, at a second of the
+			// day that also depends on i.
+			_, err := a.db.ExecContext(ctx, `INSERT INTO `+table+` (consumer, event_id, processed_at)
+SELECT $1, md5(i::text)::uuid::text, $4::timestamptz - (1 + i % $5) * interval '1 day' + (i * 7919 % 86400) * interval '1 second'
+FROM generate_series($2::bigint, $3::bigint) i ORDER BY 2 ON CONFLICT DO NOTHING`, Consumer, lo, hi, today, days)
+			if err != nil {
+				return err
+			}
+			filled = true
+		}
+		if progress != nil {
+			progress(hi)
+		}
+	}
+	if filled {
+		if _, err := a.db.ExecContext(ctx, `VACUUM ANALYZE `+table); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -52,8 +52,9 @@ type Conn interface {
 	// effects in a transaction of its own, as a handler would.
 	Bare(effects string) message.HandlerFunc
 	// Inbox returns the handler behind the inbox middleware on the inbox
-	// table of c (its Table and UUIDEventIDs; the dialect is the driver's):
-	// the same business row, written in the inbox transaction.
+	// table of c (its Table, UUIDEventIDs and Partitioning; the dialect is
+	// the driver's): the same business row, written in the inbox
+	// transaction.
 	Inbox(c sqlinbox.Config, effects string) (message.HandlerFunc, error)
 	Close() error
 }
