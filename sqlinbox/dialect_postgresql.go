@@ -37,16 +37,8 @@ func (postgresql) queries(t tableName, c Config) queries {
 	q := queries{
 		schemaInTx: true,
 		schema: []string{
-			// Concurrent CREATE TABLE IF NOT EXISTS can still collide in the
-			// catalog (unique violation on pg_type); a transaction-scoped
-			// advisory lock makes instances starting together take turns.
-			fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtext('watermill_inbox schema %s'))`, t),
-			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	consumer     text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
-	event_id     %s NOT NULL,
-	processed_at timestamptz NOT NULL DEFAULT now(),%s
-	PRIMARY KEY (consumer, event_id)
-)`, table, idType, fpCol),
+			pgSchemaLock(t),
+			pgCreateTable(table, idType, fpCol, "consumer, event_id", ""),
 			// The purge deletes by age; without this index each batch would
 			// scan the table.
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
@@ -87,3 +79,22 @@ func (postgresql) classify(err error) error {
 }
 
 func quoteName(name string, q byte) string { return string(q) + name + string(q) }
+
+// pgSchemaLock serialises concurrent CreateSchema calls: concurrent CREATE
+// TABLE IF NOT EXISTS can still collide in the catalog (unique violation on
+// pg_type), so instances starting together take turns on a
+// transaction-scoped advisory lock.
+func pgSchemaLock(t tableName) string {
+	return fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtext('watermill_inbox schema %s'))`, t)
+}
+
+// pgCreateTable is the inbox table's DDL, plain or partitioned: key lists
+// the primary key columns and suffix follows the column list.
+func pgCreateTable(table, idType, fpCol, key, suffix string) string {
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer     text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
+	event_id     %s NOT NULL,
+	processed_at timestamptz NOT NULL DEFAULT now(),%s
+	PRIMARY KEY (%s)
+)%s`, table, idType, fpCol, key, suffix)
+}

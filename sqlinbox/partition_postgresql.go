@@ -88,13 +88,8 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 	q := queries{
 		schemaInTx: true,
 		schema: []string{
-			fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtext('watermill_inbox schema %s'))`, t),
-			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	consumer     text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
-	event_id     %s NOT NULL,
-	processed_at timestamptz NOT NULL DEFAULT now(),%s
-	PRIMARY KEY (consumer, event_id, processed_at)
-) PARTITION BY RANGE (processed_at)`, table, idType, fpCol),
+			pgSchemaLock(t),
+			pgCreateTable(table, idType, fpCol, "consumer, event_id, processed_at", " PARTITION BY RANGE (processed_at)"),
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s DEFAULT`, t.derived(defaultPartitionSuffix).quoted('"'), table),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
 		},
