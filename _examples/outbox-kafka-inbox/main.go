@@ -296,7 +296,7 @@ func (noPublisher) Close() error { return nil }
 // crashEvery-th row: the outbox subscriber delivers that row again.
 type relay struct {
 	router                   *message.Router
-	rows, published, crashes atomic.Int64
+	rows, published, crashes atomic.Int64 // rows: distinct rows published
 	republished              atomic.Int64
 }
 
@@ -334,10 +334,15 @@ func newRelay(db *sql.DB, outboxTopic string, addrs []string, crashEvery int64) 
 			r.published.Add(1)
 			mu.Lock()
 			defer mu.Unlock()
-			if _, again := crashed[msg.UUID]; again {
-				r.republished.Add(1)
+			if again, seen := crashed[msg.UUID]; seen {
+				// The outbox may deliver a row again without a crash (a
+				// failed ack); only a crashed row's retry counts as one.
+				if again {
+					r.republished.Add(1)
+				}
 				return out, nil
 			}
+			crashed[msg.UUID] = false
 			if r.rows.Add(1)%crashEvery == 0 {
 				crashed[msg.UUID] = true
 				r.crashes.Add(1)
@@ -435,7 +440,9 @@ func waitDrained(ctx context.Context, addrs []string, group, topic string, ready
 				if err != nil {
 					return err
 				}
-				if b := offsets.GetBlock(topic, p); b == nil || b.Offset != newest {
+				// A partition that never received a record has nothing to
+				// consume, and the group never commits an offset for it.
+				if b := offsets.GetBlock(topic, p); newest > 0 && (b == nil || b.Offset != newest) {
 					drained = false
 				}
 			}
