@@ -317,7 +317,10 @@ func (s *soak) waitCommitted(ctx context.Context, share float64) error {
 			last, lastMove = n, time.Now()
 		}
 		if time.Since(lastMove) > time.Minute {
-			return fmt.Errorf("consumption stalled at %d of %d records", n, s.o.deliveries)
+			s.mu.Lock()
+			members := len(s.members)
+			s.mu.Unlock()
+			return fmt.Errorf("consumption stalled at %d of %d records with %d members", n, s.o.deliveries, members)
 		}
 		select {
 		case <-ctx.Done():
@@ -374,7 +377,9 @@ func (s *soak) join() error {
 // crashAfterCommit kills the member, when a crash is armed, right after a
 // message's transaction committed and before its ack reaches Kafka: the
 // subscriber closes first, then the router, and the message is nacked. Its
-// offset is not committed, so another member receives it again.
+// offset is not committed, so another member receives it again. As a
+// supervisor would, the soak then starts a new member in its place: a
+// crash of the last member must not leave the group empty.
 func (s *soak) crashAfterCommit(m *member) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -392,7 +397,7 @@ func (s *soak) crashAfterCommit(m *member) message.HandlerMiddleware {
 			}
 			s.faults.crashes.Add(1)
 			s.remove(m)
-			s.stopLater(m, true)
+			s.restartLater(m)
 			return nil, errors.New("member killed after commit, before ack")
 		}
 	}
@@ -452,6 +457,21 @@ func (s *soak) stopLater(m *member, abrupt bool) {
 	go func() {
 		defer s.stopped.Done()
 		m.stop(abrupt)
+	}()
+}
+
+// restartLater kills m in the background and starts a new member.
+func (s *soak) restartLater(m *member) {
+	s.stopped.Add(1)
+	go func() {
+		defer s.stopped.Done()
+		m.stop(true)
+		for range 50 {
+			if s.join() == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}()
 }
 
