@@ -185,7 +185,7 @@ func observe(o Observer) func(context.Context) (context.Context, func(engine.Obs
 		ctx, done := o.Start(ctx)
 		return ctx, func(ob engine.Observation) {
 			done(Observation{
-				Consumer: ob.Consumer, EventID: ob.EventID, Outcome: Outcome(ob.Outcome), Err: ob.Err,
+				Consumer: ob.Consumer, EventID: ob.EventID, Outcome: Outcome(ob.Outcome), Err: ob.Err, Stale: ob.Stale,
 				Start: ob.Start, ClaimStart: ob.ClaimStart, ClaimDuration: ob.ClaimDuration, Duration: ob.Duration,
 			})
 		}

@@ -47,6 +47,11 @@ type Observation struct {
 	EventID  string // "" when it could not be extracted
 	Outcome  Outcome
 	Err      error // nil for OutcomeProcessed, OutcomeDuplicate and acked OutcomeIDReused or OutcomeStale
+	// Stale: the event was older than Config.MaxEventAge, whatever the
+	// policy. Under StaleProcess its outcome is that of any other message,
+	// so this is the only sign that it may have been a duplicate the inbox
+	// could no longer recognise.
+	Stale bool
 
 	// Start is when the message entered the middleware; ClaimStart and
 	// ClaimDuration time the BEGIN and claim (zero when no claim was made);

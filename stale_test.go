@@ -59,6 +59,9 @@ func TestStalePolicies(t *testing.T) {
 			}
 			require.False(t, called)
 			require.Equal(t, []inbox.Outcome{tc.outcome}, rec.outcomes())
+			// Every policy marks a stale event, StaleProcess included,
+			// whose outcome alone would not show it.
+			require.Equal(t, tc.age > time.Hour, rec.obs[0].Stale)
 			if tc.level != 0 {
 				require.Len(t, logger.Captured()[tc.level], 1)
 			}

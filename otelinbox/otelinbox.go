@@ -33,12 +33,14 @@ import (
 const ScopeName = "github.com/watermill-inbox/inbox/otelinbox"
 
 // Attribute keys set on the message span (consumer, event id, outcome,
-// duplicate) and on the claim span (consumer, event id, duplicate).
+// duplicate, and stale for an event older than inbox.Config.MaxEventAge) and
+// on the claim span (consumer, event id, duplicate).
 const (
 	AttrConsumer  = attribute.Key("inbox.consumer")
 	AttrEventID   = attribute.Key("inbox.event_id")
 	AttrOutcome   = attribute.Key("inbox.outcome")
 	AttrDuplicate = attribute.Key("inbox.duplicate")
+	AttrStale     = attribute.Key("inbox.stale")
 )
 
 // Config configures New.
@@ -98,6 +100,9 @@ func (t *Tracer) Start(ctx context.Context) (context.Context, func(inbox.Observa
 		}
 		span.SetAttributes(ids...)
 		span.SetAttributes(AttrOutcome.String(string(ob.Outcome)), duplicate)
+		if ob.Stale {
+			span.SetAttributes(AttrStale.Bool(true))
+		}
 		if ob.Outcome != inbox.OutcomeProcessed && ob.Outcome != inbox.OutcomeDuplicate {
 			setError(span, ob.Err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -27,7 +28,8 @@ type fixture struct {
 	mw     message.HandlerMiddleware
 }
 
-func setup(t *testing.T, config otelinbox.Config) fixture {
+// setup builds the middleware; with, if given, changes its inbox.Config.
+func setup(t *testing.T, config otelinbox.Config, with ...func(*inbox.Config)) fixture {
 	t.Helper()
 	db := testdb.Postgres(t, "pgx")
 	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: testdb.Table(t, db, "inbox")})
@@ -37,7 +39,11 @@ func setup(t *testing.T, config otelinbox.Config) fixture {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	config.TracerProvider = tp
-	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "billing", Observer: otelinbox.New(config)})
+	ic := inbox.Config{Store: store, Consumer: "billing", Observer: otelinbox.New(config)}
+	for _, w := range with {
+		w(&ic)
+	}
+	mw, err := inbox.NewMiddleware(ic)
 	require.NoError(t, err)
 	return fixture{spans: spans, tracer: tp.Tracer("app"), mw: mw}
 }
@@ -147,6 +153,30 @@ func TestDuplicateAndFailureSpans(t *testing.T) {
 
 	require.Equal(t, "invalid_id", attrs(msgs[3])[otelinbox.AttrOutcome].AsString())
 	require.Equal(t, codes.Error, msgs[3].Status().Code)
+}
+
+// A stale event processed as usual is marked, the sign that it may have
+// been a duplicate the inbox no longer knew.
+func TestStaleEventSpan(t *testing.T) {
+	t.Parallel()
+	f := setup(t, otelinbox.Config{}, func(c *inbox.Config) {
+		c.MaxEventAge, c.EventTime = time.Hour, inbox.EventTimeFromMetadata("event_time")
+	})
+	for _, age := range []time.Duration{time.Minute, 2 * time.Hour} {
+		m := event(context.Background(), "e"+age.String())
+		m.Metadata.Set("event_time", time.Now().Add(-age).Format(time.RFC3339Nano))
+		_, err := f.mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(m)
+		require.NoError(t, err)
+	}
+	var stale []bool
+	for _, s := range f.spans.Ended() {
+		if s.Name() == "inbox billing" {
+			require.Equal(t, "processed", attrs(s)[otelinbox.AttrOutcome].AsString())
+			v, ok := attrs(s)[otelinbox.AttrStale]
+			stale = append(stale, ok && v.AsBool())
+		}
+	}
+	require.Equal(t, []bool{false, true}, stale)
 }
 
 func TestContextFromMetadata(t *testing.T) {

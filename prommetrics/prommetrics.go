@@ -18,7 +18,9 @@
 // "invalid_id" (a producer sends messages the inbox cannot key),
 // outcome="id_reused" (a producer gave one event id to two different events,
 // see inbox.Config.Fingerprint), outcome="stale" (events older than
-// inbox.Config.MaxEventAge, whose duplicates may go unnoticed), and a claim
+// inbox.Config.MaxEventAge rejected or skipped), stale_events_total (every
+// event older than MaxEventAge, those processed under inbox.StaleProcess
+// included: their duplicates may have gone unnoticed), and a claim
 // latency that grows with the inbox table (purge it).
 package prommetrics
 
@@ -41,6 +43,7 @@ const DefaultNamespace = "watermill_inbox"
 // safe for concurrent use.
 type Metrics struct {
 	messages     *prometheus.CounterVec
+	stale        *prometheus.CounterVec
 	claim        *prometheus.HistogramVec
 	duration     *prometheus.HistogramVec
 	purgeRounds  *prometheus.CounterVec
@@ -81,6 +84,11 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 			Name:      "messages_total",
 			Help:      "Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, rolled_back, commit_failed, id_reused, stale).",
 		}, []string{"consumer", "outcome"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "stale_events_total",
+			Help:      "Events older than inbox.Config.MaxEventAge, by consumer and outcome: the outcome is stale when the policy rejected or skipped them, and that of any message when it processed them (its duplicate may have gone unnoticed).",
+		}, []string{"consumer", "outcome"}),
 		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace,
 			Name:      "claim_duration_seconds",
@@ -110,7 +118,7 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 			Buckets:   purgeBuckets,
 		}, []string{"table"}),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.claim, m.duration, m.purgeRounds, m.purgeDeleted, m.purgeTime} {
+	for _, c := range []prometheus.Collector{m.messages, m.stale, m.claim, m.duration, m.purgeRounds, m.purgeDeleted, m.purgeTime} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("prommetrics: registering inbox metrics: %w", err)
 		}
@@ -126,6 +134,9 @@ func (m *Metrics) Start(ctx context.Context) (context.Context, func(inbox.Observ
 func (m *Metrics) observe(ob inbox.Observation) {
 	outcome := string(ob.Outcome)
 	m.messages.WithLabelValues(ob.Consumer, outcome).Inc()
+	if ob.Stale {
+		m.stale.WithLabelValues(ob.Consumer, outcome).Inc()
+	}
 	m.duration.WithLabelValues(ob.Consumer, outcome).Observe(ob.Duration.Seconds())
 	if !ob.ClaimStart.IsZero() {
 		m.claim.WithLabelValues(ob.Consumer).Observe(ob.ClaimDuration.Seconds())

@@ -105,6 +105,40 @@ watermill_inbox_messages_total{consumer="billing",outcome="rolled_back"} 2
 	}, counts)
 }
 
+// A stale event processed under StaleProcess counts as processed, and only
+// the stale counter shows that its duplicate may have gone unnoticed.
+func TestStaleEvents(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	mw := func(policy inbox.StalePolicy) func(h message.HandlerFunc) message.HandlerFunc {
+		mw, err := inbox.NewMiddleware(inbox.Config{
+			Store: f.store, Consumer: "c", Observer: f.metrics,
+			MaxEventAge: time.Hour, EventTime: inbox.EventTimeFromMetadata("event_time"), StaleEvents: policy,
+		})
+		require.NoError(t, err)
+		return mw
+	}
+	aged := func(id string, age time.Duration) *message.Message {
+		m := event(id)
+		m.Metadata.Set("event_time", time.Now().Add(-age).Format(time.RFC3339Nano))
+		return m
+	}
+	for _, m := range []*message.Message{aged("fresh", time.Minute), aged("old", 2*time.Hour), aged("old", 2*time.Hour)} {
+		_, err := mw(inbox.StaleProcess)(ok)(m)
+		require.NoError(t, err)
+	}
+	_, err := mw(inbox.StaleSkip)(ok)(aged("older", 3*time.Hour))
+	require.NoError(t, err)
+
+	require.NoError(t, testutil.GatherAndCompare(f.reg, strings.NewReader(`
+# HELP watermill_inbox_stale_events_total Events older than inbox.Config.MaxEventAge, by consumer and outcome: the outcome is stale when the policy rejected or skipped them, and that of any message when it processed them (its duplicate may have gone unnoticed).
+# TYPE watermill_inbox_stale_events_total counter
+watermill_inbox_stale_events_total{consumer="c",outcome="duplicate"} 1
+watermill_inbox_stale_events_total{consumer="c",outcome="processed"} 1
+watermill_inbox_stale_events_total{consumer="c",outcome="stale"} 1
+`), "watermill_inbox_stale_events_total"))
+}
+
 func TestClaimAndCommitFailures(t *testing.T) {
 	t.Parallel()
 	f := setup(t)

@@ -75,6 +75,7 @@ type Observation struct {
 	EventID       string
 	Outcome       string
 	Err           error
+	Stale         bool
 	Start         time.Time
 	ClaimStart    time.Time
 	ClaimDuration time.Duration
@@ -279,6 +280,7 @@ func (e *Engine[T]) stale(msg *message.Message, consumer, eventID string, ob *Ob
 	if age <= e.MaxEventAge {
 		return false, nil
 	}
+	ob.Stale = true
 	fields := watermill.LogFields{
 		"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
 		"event_time": at, "age": age.String(), "max_event_age": e.MaxEventAge.String(),
