@@ -20,6 +20,8 @@ trap cleanup EXIT
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
 answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+# Throwaway servers listen below the usual ephemeral range (32768-60999), where
+# a closing client connection's local port cannot keep them from binding.
 free_port() {
 	local p=$1
 	while answers 127.0.0.1 "$p"; do p=$((p + 1)); done
@@ -46,12 +48,22 @@ start_postgres() {
 		apt_install postgresql INBOX_TEST_POSTGRES_DSN
 		bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 	fi
-	local dir=$work/postgres port owner=postgres
-	port=$(free_port 55432)
+	local dir=$work/postgres port=25431 owner=postgres started=
 	mkdir -p "$dir"
 	if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; else owner=$(id -un); fi
 	as_owner "$owner" "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --no-locale -N >"$dir/initdb.log"
-	as_owner "$owner" "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off -c max_connections=300" start >/dev/null
+	for _ in 1 2 3 4 5; do # another program may take the port first
+		port=$(free_port $((port + 1)))
+		if as_owner "$owner" "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off -c max_connections=300" start >/dev/null 2>&1; then
+			started=1
+			break
+		fi
+	done
+	if [ -z "$started" ]; then
+		log "could not start PostgreSQL; its log:"
+		cat "$dir/log" >&2
+		exit 1
+	fi
 	stops+=("as_owner $owner $bin/pg_ctl -D $dir/data -m immediate stop")
 	"$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qc 'CREATE DATABASE test' >/dev/null
 	export INBOX_TEST_POSTGRES_DSN="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
@@ -62,18 +74,30 @@ start_mariadb() {
 	if ! command -v mariadbd >/dev/null 2>&1; then
 		apt_install mariadb-server INBOX_TEST_MYSQL_DSN
 	fi
-	local dir=$work/mariadb port user
-	port=$(free_port 33306)
+	local dir=$work/mariadb port=23305 user pid up=
 	user=$(id -un)
 	mkdir -p "$dir"
 	mariadb-install-db --no-defaults --user="$user" --datadir="$dir/data" --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1
-	mariadbd --no-defaults --user="$user" --datadir="$dir/data" --socket="$dir/sock" --port="$port" \
-		--bind-address=127.0.0.1 --skip-name-resolve --innodb-flush-log-at-trx-commit=2 --max-connections=500 >"$dir/log" 2>&1 &
-	stops+=("kill $!")
-	for _ in $(seq 1 100); do
-		mariadb --no-defaults -uroot --socket="$dir/sock" -e 'SELECT 1' >/dev/null 2>&1 && break
-		sleep 0.2
+	for _ in 1 2 3 4 5; do # another program may take the port first
+		port=$(free_port $((port + 1)))
+		mariadbd --no-defaults --user="$user" --datadir="$dir/data" --socket="$dir/sock" --port="$port" \
+			--bind-address=127.0.0.1 --skip-name-resolve --innodb-flush-log-at-trx-commit=2 --max-connections=500 >"$dir/log" 2>&1 &
+		pid=$!
+		for _ in $(seq 1 100); do
+			if ! kill -0 "$pid" 2>/dev/null; then break; fi # exited: the port was taken
+			if mariadb --no-defaults -uroot --socket="$dir/sock" -e 'SELECT 1' >/dev/null 2>&1; then up=1; break; fi
+			sleep 0.2
+		done
+		if [ -n "$up" ]; then break; fi
+		kill "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
 	done
+	if [ -z "$up" ]; then
+		log "could not start MariaDB; its log:"
+		cat "$dir/log" >&2
+		exit 1
+	fi
+	stops+=("kill $pid")
 	mariadb --no-defaults -uroot --socket="$dir/sock" -e "CREATE DATABASE IF NOT EXISTS test;
 		CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;"
 	export INBOX_TEST_MYSQL_DSN="root@tcp(127.0.0.1:$port)/test"
