@@ -79,7 +79,7 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 2*time.Second, "length of one measured run of one mode")
 	flag.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per concurrency")
 	flag.Int64Var(&o.prefill, "prefill", 0, "also run against an inbox already holding this many claims (kept between runs as inbox_bench_prefill_N)")
-	flag.StringVar(&o.prefillP, "prefill-partitioning", "none", "layout of the -prefill table: none, or daily (PostgreSQL: sqlinbox.Daily, kept as inbox_bench_prefill_daily_N, the claims spread over the 14 days before today)")
+	flag.StringVar(&o.prefillP, "prefill-partitioning", "none", "layout of the -prefill table: none, daily or monthly (PostgreSQL: sqlinbox.Daily or Monthly, kept as inbox_bench_prefill_daily_N or _monthly_N, the claims spread over the 14 days before today)")
 	flag.IntVar(&o.sample, "sample", 500, "messages per sample of the one-at-a-time cost pass")
 	flag.IntVar(&o.dupIDs, "dup-ids", 1000, "distinct events redelivered by the duplicates mode")
 	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
@@ -121,8 +121,8 @@ func driverNames() string {
 	return strings.Join(names, ", ")
 }
 
-// The daily-partitioned prefill spreads its claims over prefillDays days
-// before today, and has the purge create today's partition and prefillAhead
+// The partitioned prefill spreads its claims over prefillDays days before
+// today, and has the purge create the current partition and prefillAhead
 // more, as a purge running daily keeps them.
 const (
 	prefillDays  = 14
@@ -191,14 +191,17 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		case "none", "":
 			fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims (the table is kept for later runs)\n", full, d.Dialect(), o.prefill)
 			err = admin.Prefill(ctx, full, o.prefill, progress)
-		case "daily":
-			full = fmt.Sprintf("inbox_bench_prefill_daily_%d", o.prefill)
+		case "daily", "monthly":
+			full = fmt.Sprintf("inbox_bench_prefill_%s_%d", o.prefillP, o.prefill)
 			fullConfig.Partitioning = sqlinbox.Daily
-			fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims in daily partitions, %d days back, %d ahead (the table is kept for later runs)\n",
-				full, d.Dialect(), o.prefill, prefillDays, prefillAhead)
-			err = admin.PrefillDaily(ctx, full, o.prefill, prefillDays, prefillAhead, progress)
+			if o.prefillP == "monthly" {
+				fullConfig.Partitioning = sqlinbox.Monthly
+			}
+			fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims in %s partitions over %d days back, %d partitions ahead (the table is kept for later runs)\n",
+				full, d.Dialect(), o.prefill, o.prefillP, prefillDays, prefillAhead)
+			err = admin.PrefillPartitioned(ctx, full, fullConfig.Partitioning, o.prefill, prefillDays, prefillAhead, progress)
 		default:
-			return fmt.Errorf("-prefill-partitioning: %q is neither none nor daily", o.prefillP)
+			return fmt.Errorf("-prefill-partitioning: %q is not none, daily or monthly", o.prefillP)
 		}
 		fullConfig.Table = full
 		if err != nil {

@@ -41,30 +41,51 @@ func TestKafkaSmoke(t *testing.T) {
 	require.Contains(t, out.String(), "kafka, 2 partitions")
 }
 
-// The 10M-claim modes run against a small daily-partitioned prefill too,
+// The 10M-claim modes run against a small partitioned prefill too,
 // claiming through the partitioned store.
-func TestPrefillDailySmoke(t *testing.T) {
+func TestPrefillPartitionedSmoke(t *testing.T) {
 	t.Parallel()
-	const table = "inbox_bench_prefill_daily_3000"
-	dsn := testdb.PostgresDSN()
-	db, err := sql.Open("pgx", dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + table)
-		_ = db.Close()
-	})
-	var out bytes.Buffer
-	err = run(context.Background(), options{
-		drivers: "pgx", dsn: dsn, conc: []int{2}, prefill: 3000, prefillP: "daily",
-		duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, modes: "bare,inbox-full,dup-full", out: &out,
-	})
-	require.NoError(t, err, out.String())
-	require.Contains(t, out.String(), "inbox-full")
-	_, rates, _ := strings.Cut(out.String(), "c=2")
-	require.NotContains(t, rates, "(", "a mode reported errors:\n%s", out.String())
-	var parts, inDefault int
-	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, table).Scan(&parts))
-	require.Equal(t, prefillDays+prefillAhead+2, parts, "the past days, today, the days ahead and the default partition")
-	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table+`_default`).Scan(&inDefault))
-	require.Zero(t, inDefault, "every claim has a partition of its own day")
+	// The partitions a purge keeps: one per day (or month) of the past
+	// days, the current one and those ahead, and the default partition.
+	want := func(layout string) int {
+		if layout == "daily" {
+			return prefillDays + 1 + prefillAhead + 1
+		}
+		months := map[string]bool{}
+		today := time.Now().UTC()
+		for d := 1; d <= prefillDays; d++ {
+			months[today.AddDate(0, 0, -d).Format("200601")] = true
+		}
+		for m := 0; m <= prefillAhead; m++ {
+			months[time.Date(today.Year(), today.Month()+time.Month(m), 1, 0, 0, 0, 0, time.UTC).Format("200601")] = true
+		}
+		return len(months) + 1
+	}
+	for _, layout := range []string{"daily", "monthly"} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			table := "inbox_bench_prefill_" + layout + "_3000"
+			dsn := testdb.PostgresDSN()
+			db, err := sql.Open("pgx", dsn)
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				_, _ = db.Exec(`DROP TABLE IF EXISTS ` + table)
+				_ = db.Close()
+			})
+			var out bytes.Buffer
+			err = run(context.Background(), options{
+				drivers: "pgx", dsn: dsn, conc: []int{2}, prefill: 3000, prefillP: layout,
+				duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, modes: "bare,inbox-full,dup-full", out: &out,
+			})
+			require.NoError(t, err, out.String())
+			require.Contains(t, out.String(), "inbox-full")
+			_, rates, _ := strings.Cut(out.String(), "c=2")
+			require.NotContains(t, rates, "(", "a mode reported errors:\n%s", out.String())
+			var parts, inDefault int
+			require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, table).Scan(&parts))
+			require.Equal(t, want(layout), parts, "the past days, the current period, those ahead and the default partition")
+			require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table+`_default`).Scan(&inDefault))
+			require.Zero(t, inDefault, "every claim has a partition of its own period")
+		})
+	}
 }

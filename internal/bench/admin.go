@@ -233,24 +233,24 @@ FROM recs WHERE xid IN (SELECT xid FROM mine)`, from.lsn, to.lsn, "{"+strings.Jo
 	return records, fpi, true, err
 }
 
-// PrefillDaily makes sure inbox table is partitioned by day
-// (sqlinbox.Daily) and holds the claims of events 1..n for Consumer (ids
-// from PrefilledID), spread evenly over the days UTC days before today
-// (event i on day i mod days), as a table purged by dropping partitions
-// would hold them. It creates the partitions of those days, and, through
-// the purge, today's and the ahead next ones, so new claims land in a
-// partition of their own and the default partition stays empty. Like
-// Prefill it inserts in chunks of a million rows, each sorted by key, and
-// reuses an existing table; on a later day the table still holds the same
-// rows and the purge adds the new today's partition. PostgreSQL only.
-func (a *Admin) PrefillDaily(ctx context.Context, table string, n int64, days, ahead int, progress func(done int64)) error {
+// PrefillPartitioned makes sure inbox table is partitioned by time (mode:
+// sqlinbox.Daily or sqlinbox.Monthly) and holds the claims of events 1..n
+// for Consumer (ids from PrefilledID), spread evenly over the days UTC days
+// before today (event i on day i mod days), as a table purged by dropping
+// partitions would hold them. It creates the partitions of those days, and,
+// through the purge, the current one and the ahead next ones, so new claims
+// land in a partition of their own and the default partition stays empty.
+// Like Prefill it inserts in chunks of a million rows, each sorted by key,
+// and reuses an existing table; on a later day the table still holds the
+// same rows and the purge adds the new current partition. PostgreSQL only.
+func (a *Admin) PrefillPartitioned(ctx context.Context, table string, mode sqlinbox.Partitioning, n int64, days, ahead int, progress func(done int64)) error {
 	if a.d.dialect != sqlinbox.PostgreSQL {
-		return fmt.Errorf("daily partitions are only available on PostgreSQL, not %s", a.d.dialect)
+		return fmt.Errorf("time partitions are only available on PostgreSQL, not %s", a.d.dialect)
 	}
 	if days < 1 {
 		return fmt.Errorf("days: %d, want at least 1", days)
 	}
-	c := sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: sqlinbox.Daily}
+	c := sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: mode}
 	if err := a.CreateInbox(ctx, c); err != nil {
 		return err
 	}
@@ -260,11 +260,15 @@ func (a *Admin) PrefillDaily(ctx context.Context, table string, n int64, days, a
 	}
 	today = today.UTC()
 	// The partitions of the past days, named as the purge names its own
-	// (table_pYYYYMMDD) so that it lists and drops them.
+	// (table_pYYYYMMDD, or table_pYYYYMM) so that it lists and drops them.
 	for d := days; d >= 1; d-- {
-		from := today.AddDate(0, 0, -d)
+		from, to, suffix := today.AddDate(0, 0, -d), today.AddDate(0, 0, -d+1), "20060102"
+		if mode == sqlinbox.Monthly {
+			from = time.Date(from.Year(), from.Month(), 1, 0, 0, 0, 0, time.UTC)
+			to, suffix = from.AddDate(0, 1, 0), "200601"
+		}
 		_, err := a.db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s_p%s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
-			table, from.Format("20060102"), table, from.Format(time.RFC3339), from.AddDate(0, 0, 1).Format(time.RFC3339)))
+			table, from.Format(suffix), table, from.Format(time.RFC3339), to.Format(time.RFC3339)))
 		if err != nil {
 			return fmt.Errorf("creating the partition of %s: %w", from.Format(time.DateOnly), err)
 		}
