@@ -57,6 +57,7 @@ type options struct {
 	rounds   int
 	prefill  int64
 	prefillP string
+	prefillT string // the -prefill table, instead of the name kept between runs (tests)
 	sample   int
 	dupIDs   int
 	v7IDs    bool
@@ -180,6 +181,12 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 	full, fullConfig := "", sqlinbox.Config{}
 	if o.prefill > 0 {
 		full = fmt.Sprintf("inbox_bench_prefill_%d", o.prefill)
+		if o.prefillP == "daily" || o.prefillP == "monthly" {
+			full = fmt.Sprintf("inbox_bench_prefill_%s_%d", o.prefillP, o.prefill)
+		}
+		if o.prefillT != "" {
+			full = o.prefillT
+		}
 		last := time.Now()
 		progress := func(done int64) {
 			if time.Since(last) > 10*time.Second {
@@ -192,7 +199,6 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 			fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims (the table is kept for later runs)\n", full, d.Dialect(), o.prefill)
 			err = admin.Prefill(ctx, full, o.prefill, progress)
 		case "daily", "monthly":
-			full = fmt.Sprintf("inbox_bench_prefill_%s_%d", o.prefillP, o.prefill)
 			fullConfig.Partitioning = sqlinbox.Daily
 			if o.prefillP == "monthly" {
 				fullConfig.Partitioning = sqlinbox.Monthly

@@ -64,7 +64,7 @@ func TestPrefillPartitionedSmoke(t *testing.T) {
 	for _, layout := range []string{"daily", "monthly"} {
 		t.Run(layout, func(t *testing.T) {
 			t.Parallel()
-			table := "inbox_bench_prefill_" + layout + "_3000"
+			table := testdb.Name("inbox_bench_prefill_" + layout)
 			dsn := testdb.PostgresDSN()
 			db, err := sql.Open("pgx", dsn)
 			require.NoError(t, err)
@@ -74,7 +74,7 @@ func TestPrefillPartitionedSmoke(t *testing.T) {
 			})
 			var out bytes.Buffer
 			err = run(context.Background(), options{
-				drivers: "pgx", dsn: dsn, conc: []int{2}, prefill: 3000, prefillP: layout,
+				drivers: "pgx", dsn: dsn, conc: []int{2}, prefill: 3000, prefillP: layout, prefillT: table,
 				duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, modes: "bare,inbox-full,dup-full", out: &out,
 			})
 			require.NoError(t, err, out.String())
