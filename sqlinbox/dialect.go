@@ -27,6 +27,10 @@ type queries struct {
 	// schemaInTx runs schema inside one transaction (PostgreSQL: DDL is
 	// transactional, and a lock serialises concurrent CreateSchema calls).
 	schemaInTx bool
+	// schemaLock, when set, runs first in that transaction to serialise
+	// concurrent CreateSchema calls. SchemaSQL leaves it out: a migration
+	// tool runs the script once.
+	schemaLock string
 	// claim inserts (consumer, event_id) and affects one row when the pair is
 	// new, zero when it already exists; it must never fail on a conflict.
 	claim string

@@ -36,8 +36,8 @@ func (postgresql) queries(t tableName, c Config) queries {
 	}
 	q := queries{
 		schemaInTx: true,
+		schemaLock: pgSchemaLock(t),
 		schema: []string{
-			pgSchemaLock(t),
 			pgCreateTable(table, idType, fpCol, "consumer, event_id", ""),
 			// The purge deletes by age; without this index each batch would
 			// scan the table.
@@ -93,7 +93,7 @@ func pgSchemaLock(t tableName) string {
 func pgCreateTable(table, idType, fpCol, key, suffix string) string {
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer     text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
-	event_id     %s NOT NULL,
+	event_id     %-11s NOT NULL,
 	processed_at timestamptz NOT NULL DEFAULT now(),%s
 	PRIMARY KEY (%s)
 )%s`, table, idType, fpCol, key, suffix)

@@ -87,8 +87,8 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 	lock = fmt.Sprintf(`WITH l AS (%s) SELECT current_setting('transaction_isolation') FROM l`, lock)
 	q := queries{
 		schemaInTx: true,
+		schemaLock: pgSchemaLock(t),
 		schema: []string{
-			pgSchemaLock(t),
 			pgCreateTable(table, idType, fpCol, "consumer, event_id, processed_at", " PARTITION BY RANGE (processed_at)"),
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s DEFAULT`, t.derived(defaultPartitionSuffix).quoted('"'), table),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),

@@ -170,7 +170,11 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	for _, stmt := range s.q.schema {
+	stmts := s.q.schema
+	if s.q.schemaLock != "" {
+		stmts = append([]string{s.q.schemaLock}, stmts...)
+	}
+	for _, stmt := range stmts {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
 		}

@@ -1,0 +1,75 @@
+package prommetrics_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+	_ "modernc.org/sqlite"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/prommetrics"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// One Metrics per registry, shared by every inbox middleware of the
+// process; serve the registry with promhttp.HandlerFor. Here one event is
+// delivered three times and the counters say what happened.
+func Example() {
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", "file::memory:") // your database
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1) // each connection to :memory: is a database of its own
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.CreateSchema(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	reg := prometheus.NewRegistry()
+	metrics, err := prommetrics.New(reg, "") // prometheus.DefaultRegisterer with nil
+	if err != nil {
+		log.Fatal(err)
+	}
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "invoicing", Observer: metrics})
+	if err != nil {
+		log.Fatal(err)
+	}
+	handler := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	for range 3 {
+		msg := message.NewMessage(watermill.NewUUID(), nil)
+		msg.Metadata.Set("event_id", "order-1")
+		if _, err := handler(msg); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	families, err := reg.Gather()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "watermill_inbox_messages_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			fmt.Printf("%s{consumer=%q,outcome=%q} %v\n", f.GetName(), labels["consumer"], labels["outcome"], m.GetCounter().GetValue())
+		}
+	}
+	// Output:
+	// watermill_inbox_messages_total{consumer="invoicing",outcome="duplicate"} 2
+	// watermill_inbox_messages_total{consumer="invoicing",outcome="processed"} 1
+}

@@ -1,0 +1,35 @@
+package sqlinbox_test
+
+import (
+	"database/sql"
+	"fmt"
+	"log"
+
+	_ "github.com/lib/pq"
+
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// SchemaSQL is the DDL that CreateSchema runs, for a migration tool. No
+// connection is needed to print it.
+func ExampleStore_SchemaSQL() {
+	db, err := sql.Open("postgres", "postgres://migrations.invalid/app") // opened lazily, never used
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: "billing.inbox"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Print(store.SchemaSQL())
+	// Output:
+	// CREATE TABLE IF NOT EXISTS "billing"."inbox" (
+	// 	consumer     text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
+	// 	event_id     text        NOT NULL,
+	// 	processed_at timestamptz NOT NULL DEFAULT now(),
+	// 	PRIMARY KEY (consumer, event_id)
+	// );
+	//
+	// CREATE INDEX IF NOT EXISTS "inbox_processed_at_idx" ON "billing"."inbox" (processed_at);
+}
