@@ -31,13 +31,23 @@ func PostgresDSN() string {
 	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 }
 
+// opened remembers the driver and DSN of every pool Open returned, so that
+// a table can still be dropped after its test closed the pool.
+var opened sync.Map // *sql.DB -> source
+
+type source struct{ driver, dsn string }
+
 // Open opens driverName on dsn, checks the server answers, and closes the
 // pool when the test ends.
 func Open(t testing.TB, driverName, dsn string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open(driverName, dsn)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
+	opened.Store(db, source{driverName, dsn})
+	t.Cleanup(func() {
+		_ = db.Close()
+		opened.Delete(db)
+	})
 	require.NoError(t, db.Ping(), "no database answers at %s (run ./test.sh, which starts one)", dsn)
 	return db
 }
@@ -61,7 +71,19 @@ func Name(prefix string) string {
 func Table(t testing.TB, db *sql.DB, prefix string) string {
 	t.Helper()
 	name := Name(prefix)
-	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + name) })
+	t.Cleanup(func() {
+		if _, err := db.Exec("DROP TABLE IF EXISTS " + name); err == nil {
+			return
+		}
+		// The test closed db (a closed-database case): drop the table
+		// through a pool of its own.
+		if src, ok := opened.Load(db); ok {
+			if again, err := sql.Open(src.(source).driver, src.(source).dsn); err == nil {
+				_, _ = again.Exec("DROP TABLE IF EXISTS " + name)
+				_ = again.Close()
+			}
+		}
+	})
 	return name
 }
 
