@@ -136,21 +136,29 @@ func TestSQLiteRoutersShareOneFile(t *testing.T) {
 	}
 }
 
+// impatientPair returns two stores on one SQLite file with its inbox table:
+// first with the recommended settings, second with a 50 ms busy timeout.
+func impatientPair(t *testing.T) (first, second *sqlinbox.Store) {
+	t.Helper()
+	first, err := sqlinbox.New(testdb.SQLite(t), sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	require.NoError(t, err)
+	require.NoError(t, first.CreateSchema(context.Background()))
+	impatient := testdb.Open(t, "sqlite", sqliteDSN(testdb.SQLiteFile(t), url.Values{
+		"_pragma": {"busy_timeout(50)", "journal_mode(WAL)"}, "_txlock": {"immediate"},
+	}))
+	second, err = sqlinbox.New(impatient, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	require.NoError(t, err)
+	return first, second
+}
+
 // While one transaction holds the write lock, a claim on another connection
 // waits busy_timeout and then fails with ErrInFlight, having written
 // nothing; once the first commits, the same claim is a duplicate.
 func TestSQLiteBusyTimeoutIsInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	path := testdb.SQLiteFile(t)
-	first, err := sqlinbox.New(testdb.SQLite(t), sqlinbox.Config{Dialect: sqlinbox.SQLite})
-	require.NoError(t, err)
-	require.NoError(t, first.CreateSchema(ctx))
-	impatient := testdb.Open(t, "sqlite", sqliteDSN(path, url.Values{
-		"_pragma": {"busy_timeout(50)", "journal_mode(WAL)"}, "_txlock": {"immediate"},
-	}))
-	second, err := sqlinbox.New(impatient, sqlinbox.Config{Dialect: sqlinbox.SQLite})
-	require.NoError(t, err)
+	first, second := impatientPair(t)
+	impatient := second.DB()
 
 	tx, claimed, err := first.Claim(ctx, nil, "c", "x")
 	require.NoError(t, err)
@@ -167,6 +175,30 @@ func TestSQLiteBusyTimeoutIsInFlight(t *testing.T) {
 	var n int
 	require.NoError(t, impatient.QueryRow(`SELECT COUNT(*) FROM `+second.Table()).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// A purge batch that cannot get the write lock within the busy timeout (a
+// claim holds it) is the purge's timeout: the Purger backs off with a
+// smaller batch. It is not a claim's "event in flight".
+func TestSQLiteBusyPurgeBatchIsATimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	first, impatient := impatientPair(t)
+	sess, ok, err := impatient.BeginPurge(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+	defer sess.Close()
+
+	tx, claimed, err := first.Claim(ctx, nil, "c", "x")
+	require.NoError(t, err)
+	require.True(t, claimed)
+	_, err = sess.DeleteBatch(ctx, sqlinbox.PurgeScope{OlderThan: time.Hour}, 100, 0)
+	require.ErrorIs(t, err, sqlinbox.ErrPurgeTimeout)
+	require.NotErrorIs(t, err, inbox.ErrInFlight)
+	require.NoError(t, tx.Commit())
+
+	_, err = sess.DeleteBatch(ctx, sqlinbox.PurgeScope{OlderThan: time.Hour}, 100, 0)
+	require.NoError(t, err, "once the lock is free the batch runs")
 }
 
 // ClaimTimeout cannot apply to a lock that covers the whole database; the

@@ -1,6 +1,7 @@
 package sqlinbox
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -29,6 +30,16 @@ func (sqlite) purgeQueries(t tableName, _ Config) purgeQueries {
 	}
 }
 
-// statementTimedOut is always false: SQLite has no statement timeout, and a
-// busy database is reported as inbox.ErrInFlight by classify.
-func (sqlite) statementTimedOut(error) bool { return false }
+// statementTimedOut reports a batch that waited longer than the busy
+// timeout for the write lock. SQLite has no statement timeout, but this is
+// the purge's equivalent: claims hold the lock, so the purge backs off with
+// a smaller batch instead of failing the round (classify would call it an
+// event in flight, which is a claim's reason, not the purge's).
+func (sqlite) statementTimedOut(err error) bool {
+	var e sqliteCoder
+	if !errors.As(err, &e) {
+		return false
+	}
+	code := e.Code() & 0xff
+	return code == sqliteBusy || code == sqliteLocked
+}
