@@ -108,15 +108,21 @@ const (
 type sqliteCoder interface{ Code() int }
 
 func (sqlite) classify(err error) error {
-	var e sqliteCoder
-	if !errors.As(err, &e) {
-		return err
-	}
-	switch e.Code() & 0xff {
-	case sqliteBusy, sqliteLocked:
+	if sqliteBusyErr(err) {
 		// The busy timeout expired before this transaction got the write
 		// lock, so it wrote nothing: retry later.
 		return fmt.Errorf("%w: %w", inbox.ErrInFlight, err)
 	}
 	return err
+}
+
+// sqliteBusyErr reports whether err is SQLite giving up on a lock after the
+// busy timeout.
+func sqliteBusyErr(err error) bool {
+	var e sqliteCoder
+	if !errors.As(err, &e) {
+		return false
+	}
+	code := e.Code() & 0xff
+	return code == sqliteBusy || code == sqliteLocked
 }

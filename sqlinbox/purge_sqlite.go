@@ -1,7 +1,6 @@
 package sqlinbox
 
 import (
-	"errors"
 	"fmt"
 	"time"
 )
@@ -35,11 +34,4 @@ func (sqlite) purgeQueries(t tableName, _ Config) purgeQueries {
 // the purge's equivalent: claims hold the lock, so the purge backs off with
 // a smaller batch instead of failing the round (classify would call it an
 // event in flight, which is a claim's reason, not the purge's).
-func (sqlite) statementTimedOut(err error) bool {
-	var e sqliteCoder
-	if !errors.As(err, &e) {
-		return false
-	}
-	code := e.Code() & 0xff
-	return code == sqliteBusy || code == sqliteLocked
-}
+func (sqlite) statementTimedOut(err error) bool { return sqliteBusyErr(err) }

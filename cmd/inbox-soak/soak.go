@@ -397,7 +397,7 @@ func (s *soak) crashAfterCommit(m *member) message.HandlerMiddleware {
 			}
 			s.faults.crashes.Add(1)
 			s.remove(m)
-			s.restartLater(m)
+			s.stopLater(m, true)
 			return nil, errors.New("member killed after commit, before ack")
 		}
 	}
@@ -451,21 +451,16 @@ func (m *member) stop(abrupt bool) {
 	})
 }
 
-// stopLater stops m in the background; stopAll waits for it.
-func (s *soak) stopLater(m *member, abrupt bool) {
+// stopLater stops m in the background; stopAll waits for it. A crashed
+// member stops abruptly and a new one takes its place.
+func (s *soak) stopLater(m *member, crashed bool) {
 	s.stopped.Add(1)
 	go func() {
 		defer s.stopped.Done()
-		m.stop(abrupt)
-	}()
-}
-
-// restartLater kills m in the background and starts a new member.
-func (s *soak) restartLater(m *member) {
-	s.stopped.Add(1)
-	go func() {
-		defer s.stopped.Done()
-		m.stop(true)
+		m.stop(crashed)
+		if !crashed {
+			return
+		}
 		for range 50 {
 			if s.join() == nil {
 				return

@@ -261,12 +261,17 @@ func (a *Admin) PrefillPartitioned(ctx context.Context, table string, mode sqlin
 	today = today.UTC()
 	// The partitions of the past days, named as the purge names its own
 	// (table_pYYYYMMDD, or table_pYYYYMM) so that it lists and drops them.
+	var last time.Time
 	for d := days; d >= 1; d-- {
 		from, to, suffix := today.AddDate(0, 0, -d), today.AddDate(0, 0, -d+1), "20060102"
 		if mode == sqlinbox.Monthly {
 			from = time.Date(from.Year(), from.Month(), 1, 0, 0, 0, 0, time.UTC)
 			to, suffix = from.AddDate(0, 1, 0), "200601"
 		}
+		if from.Equal(last) {
+			continue // a month already created for an earlier day
+		}
+		last = from
 		_, err := a.db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s_p%s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
 			table, from.Format(suffix), table, from.Format(time.RFC3339), to.Format(time.RFC3339)))
 		if err != nil {

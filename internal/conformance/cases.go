@@ -371,17 +371,13 @@ func testSwallowedStatementError(t *testing.T, target Target) {
 func holdClaim(t *testing.T, b *bundle, mw message.HandlerMiddleware, id string) (release func(error), done <-chan error) {
 	entered := make(chan struct{})
 	result := make(chan error)
-	out := make(chan error, 1)
-	go func() {
-		_, err := call(mw, func(msg *message.Message) ([]*message.Message, error) {
-			if err := b.writeEffect(msg); err != nil {
-				return nil, err
-			}
-			close(entered)
-			return nil, <-result
-		}, newMsg(id))
-		out <- err
-	}()
+	out := deliverAsync(mw, func(msg *message.Message) ([]*message.Message, error) {
+		if err := b.writeEffect(msg); err != nil {
+			return nil, err
+		}
+		close(entered)
+		return nil, <-result
+	}, newMsg(id))
 	select {
 	case <-entered:
 	case err := <-out:
@@ -392,17 +388,24 @@ func holdClaim(t *testing.T, b *bundle, mw message.HandlerMiddleware, id string)
 	return func(err error) { result <- err }, out
 }
 
+// deliverAsync handles msg with h behind mw in the background; the result
+// arrives on the returned channel.
+func deliverAsync(mw message.HandlerMiddleware, h message.HandlerFunc, msg *message.Message) <-chan error {
+	out := make(chan error, 1)
+	go func() {
+		_, err := call(mw, h, msg)
+		out <- err
+	}()
+	return out
+}
+
 // A duplicate arriving while the first copy is still in its transaction
 // waits, then sees the committed claim and is skipped.
 func testInFlightDuplicateWaits(t *testing.T, target Target) {
 	b := setup(t, target)
 	mw := b.middleware(t, inbox.Config{Consumer: "c"})
 	release, first := holdClaim(t, b, mw, "x")
-	second := make(chan error, 1)
-	go func() {
-		_, err := call(mw, b.handler(nil), newMsg("x"))
-		second <- err
-	}()
+	second := deliverAsync(mw, b.handler(nil), newMsg("x"))
 	select {
 	case err := <-second:
 		t.Fatalf("duplicate finished while the first copy was in flight: %v", err)
@@ -420,11 +423,7 @@ func testInFlightRollbackLetsDuplicateThrough(t *testing.T, target Target) {
 	b := setup(t, target)
 	mw := b.middleware(t, inbox.Config{Consumer: "c"})
 	release, first := holdClaim(t, b, mw, "x")
-	second := make(chan error, 1)
-	go func() {
-		_, err := call(mw, b.handler(nil), newMsg("x"))
-		second <- err
-	}()
+	second := deliverAsync(mw, b.handler(nil), newMsg("x"))
 	time.Sleep(100 * time.Millisecond)
 	boom := errors.New("boom")
 	release(boom)
