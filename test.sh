@@ -6,8 +6,35 @@
 # started in a temporary directory and removed at exit; as root, the Debian
 # packages are installed first when their binaries are missing.
 # INBOX_TEST_THROWAWAY=1 forces throwaway servers even when local ones answer.
+# ./test.sh --install only installs the missing packages (CI does it before it
+# cuts the network off).
+#
+# The repository holds several Go modules (the library, and the test rig and
+# examples that need heavy dependencies); every one is vetted and tested.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+log() { printf 'test.sh: %s\n' "$*" >&2; }
+apt_install() {
+	if [ "$(id -u)" != 0 ]; then
+		log "$1 is not installed and this is not root: install the Debian package $1, or point $2 at a server"
+		exit 1
+	fi
+	log "installing $1"
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
+}
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true; }
+# install_missing installs the Debian package of every server binary that is
+# missing.
+install_missing() {
+	[ -n "$(pg_bin)" ] || apt_install postgresql INBOX_TEST_POSTGRES_DSN
+	command -v mariadbd >/dev/null 2>&1 || apt_install mariadb-server INBOX_TEST_MYSQL_DSN
+}
+if [ "${1:-}" = --install ]; then
+	install_missing
+	exit 0
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/inbox-test.XXXXXX")
 chmod 755 "$work"
@@ -18,7 +45,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log() { printf 'test.sh: %s\n' "$*" >&2; }
 answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 # Throwaway servers listen below the usual ephemeral range (32768-60999), where
 # a closing client connection's local port cannot keep them from binding.
@@ -31,22 +57,12 @@ as_owner() { # run as $1 when we are root, else as ourselves
 	local user=$1; shift
 	if [ "$(id -u)" = 0 ]; then runuser -u "$user" -- "$@"; else "$@"; fi
 }
-apt_install() {
-	if [ "$(id -u)" != 0 ]; then
-		log "$1 is not installed and this is not root: install the Debian package $1, or point $2 at a server"
-		exit 1
-	fi
-	log "installing $1"
-	DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
-}
-
 start_postgres() {
 	local bin
-	bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+	bin=$(pg_bin)
 	if [ -z "$bin" ]; then
 		apt_install postgresql INBOX_TEST_POSTGRES_DSN
-		bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+		bin=$(pg_bin)
 	fi
 	local dir=$work/postgres port=25431 owner=postgres started=
 	mkdir -p "$dir"
@@ -119,15 +135,51 @@ if [ -z "${INBOX_TEST_MYSQL_DSN:-}" ]; then
 	fi
 fi
 
-args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(./...)
-go vet ./... $(ls -d ./_examples/*/)
-go test -race -count=1 "${args[@]}"
+# Every module of the repository, the library's first.
+modules=(.)
+while read -r mod; do modules+=("$(dirname "$mod")"); done < <(find . -mindepth 2 -name go.mod -not -path './.git/*' | sort)
+# module_of prints the module directory that holds package path $1.
+module_of() {
+	local best=. m
+	for m in "${modules[@]}"; do
+		case "${1#./}/" in "${m#./}"/*) [ ${#m} -gt ${#best} ] && best=$m ;; esac
+	done
+	echo "$best"
+}
+# in_module runs "go $1 <package $2> args..." from the module that holds the package.
+in_module() {
+	local verb=$1 pkg=$2 m rel
+	shift 2
+	m=$(module_of "$pkg")
+	rel=./$(realpath -m --relative-to="$m" "$pkg")
+	(cd "$m" && go "$verb" "$rel" "$@")
+}
+
 if [ $# -eq 0 ]; then
+	for m in "${modules[@]}"; do
+		# ./... skips directories starting with "_": name this module's examples.
+		examples=()
+		for d in _examples/*/; do
+			if [ "$(module_of "./$d")" = "$m" ]; then examples+=("./$d"); fi
+		done
+		(cd "$m" && go vet ./... "${examples[@]}")
+		(cd "$m" && go test -race -count=1 ./...)
+	done
 	# The README's first command: it must keep working with no server at all.
-	go run ./_examples/quickstart >/dev/null
+	in_module run ./_examples/quickstart >/dev/null
 	# The metrics example checks its own /metrics page and fails without the counters.
-	go run ./_examples/metrics -addr 127.0.0.1:0 >/dev/null
+	in_module run ./_examples/metrics -addr 127.0.0.1:0 >/dev/null
 	# The complete loop on embedded Kafka; it fails unless every order has one invoice and one notification.
-	go run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	exit 0
 fi
+
+# With arguments: go test flags and packages; each package is tested in its own module.
+flags=() pkgs=()
+for a in "$@"; do
+	case "$a" in ./* | .) pkgs+=("$a") ;; *) flags+=("$a") ;; esac
+done
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(./...)
+for p in "${pkgs[@]}"; do
+	in_module test "$p" -race -count=1 "${flags[@]}"
+done

@@ -191,8 +191,26 @@ func (a *Admin) WAL(ctx context.Context) *WAL {
 	if a.d.dialect != sqlinbox.PostgreSQL {
 		return nil
 	}
-	_, err := a.db.ExecContext(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`)
-	return &WAL{a: a, inspect: err == nil}
+	return &WAL{a: a, inspect: a.createWALInspect(ctx) == nil}
+}
+
+// createWALInspect creates pg_walinspect unless it exists. Concurrent
+// CREATE EXTENSION IF NOT EXISTS calls race in the catalog (one fails with a
+// unique violation on pg_extension_name_index), so callers take turns on a
+// transaction-scoped advisory lock, as CreateSchema does.
+func (a *Admin) createWALInspect(ctx context.Context) error {
+	tx, err := a.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext('watermill_inbox bench pg_walinspect'))`); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // Mark returns the current position of the flushed WAL.
