@@ -13,6 +13,12 @@ import (
 // middleware; ok is false anywhere else, and behind the native pgx middleware,
 // whose transaction pgxinbox.TxFromContext returns. Do not commit or roll back
 // the transaction yourself, return an error from the handler instead.
+//
+// A message from a watermill-sql subscriber (v3, v4) comes with the
+// subscriber's own transaction, which watermill-sql's TxFromContext returns.
+// For the handler, the middleware puts this transaction in its place, so
+// both accessors return the transaction that holds the claim, and writes
+// through either commit with it.
 func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 	s := engine.SessionFrom(ctx)
 	if s == nil {

@@ -44,6 +44,15 @@ var (
 	// unnoticed. Only StaleReject returns it.
 	ErrStaleEvent = engine.ErrStaleEvent
 
+	// ErrSubscriberTx means the message comes with a transaction its
+	// subscriber opened (a watermill-sql subscriber's, which that package's
+	// TxFromContext returns) that this middleware's transaction cannot take
+	// the place of: a pgx one behind NewMiddleware, a database/sql one behind
+	// pgxinbox.NewMiddleware. The handler's writes there would commit apart
+	// from the claim, so the message is refused; the error says which
+	// subscriber setup fits.
+	ErrSubscriberTx = engine.ErrSubscriberTx
+
 	// ErrNotInInbox is returned by AfterCommit when the context does not come
 	// from a message handled by the inbox middleware.
 	ErrNotInInbox = errors.New("inbox: context is not inside an inbox transaction")

@@ -198,6 +198,14 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		}
 	}
 
+	// A watermill-sql subscriber's transaction: the claim's stands in for
+	// it (subscribertx.go), or the message is refused before any SQL.
+	standIn, err := e.subscriberTx(ctx)
+	if err != nil {
+		ob.Outcome = OutcomeClaimFailed
+		return nil, err
+	}
+
 	if e.Observe != nil {
 		ob.ClaimStart = time.Now()
 	}
@@ -234,8 +242,12 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		return nil, nil
 	}
 
-	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID}
-	msg.SetContext(context.WithValue(ctx, sessionKey{}, s))
+	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID, StandsIn: standIn != nil}
+	hctx := context.WithValue(ctx, sessionKey{}, s)
+	if standIn != nil {
+		hctx = standIn(hctx, tx)
+	}
+	msg.SetContext(hctx)
 	defer msg.SetContext(ctx)
 	committed := false
 	defer func() {
@@ -384,6 +396,10 @@ type Session struct {
 	Tx       any
 	Consumer string
 	EventID  string
+	// StandsIn: Tx also stands in for a watermill-sql subscriber's
+	// transaction in the handler's context, where the handler reaches it
+	// through that package's TxFromContext.
+	StandsIn bool
 
 	mu    sync.Mutex
 	hooks []func(context.Context) error

@@ -1,13 +1,8 @@
 package loop_test
 
 import (
-	"context"
-	"encoding/json"
-	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/killtest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
@@ -64,8 +60,9 @@ type childSpec struct {
 // The test binary runs itself as the child: with childEnv set, this test is
 // the consumer that kills itself.
 func TestConsumerKilledBeforeOffsetCommit(t *testing.T) {
-	if raw := os.Getenv(childEnv); raw != "" {
-		runKilledConsumer(t, raw)
+	var spec childSpec
+	if killtest.Spec(t, childEnv, &spec) {
+		runKilledConsumer(t, spec)
 		return
 	}
 	t.Parallel()
@@ -74,21 +71,11 @@ func TestConsumerKilledBeforeOffsetCommit(t *testing.T) {
 	ids := publishEvents(t, kafkaPublisher(t, b.addrs), topic, 40)
 
 	appName := testdb.Name("killed")
-	spec, err := json.Marshal(childSpec{
+	killtest.Run(t, "TestConsumerKilledBeforeOffsetCommit", childEnv, childSpec{
 		Brokers: b.addrs, DSN: withAppName(testdb.PostgresDSN(), appName),
 		Service: billing.name, Inbox: billing.inbox, Effects: billing.effects,
 		Topic: topic, Group: "billing", DieAfter: 15,
-	})
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestConsumerKilledBeforeOffsetCommit$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
-	out, err := cmd.CombinedOutput()
-	var exit *exec.ExitError
-	require.ErrorAs(t, err, &exit, "child output:\n%s", out)
-	status, ok := exit.Sys().(syscall.WaitStatus)
-	require.True(t, ok && status.Signaled() && status.Signal() == syscall.SIGKILL, "child did not die of SIGKILL: %v\n%s", err, out)
+	}, waitFor)
 
 	// Its connections are gone once PostgreSQL has finished (committed or
 	// rolled back) every transaction the child had open.
@@ -114,9 +101,7 @@ func TestConsumerKilledBeforeOffsetCommit(t *testing.T) {
 		committedByChild, offsetsCommitted, billing.handled.Load(), skipped)
 }
 
-func runKilledConsumer(t *testing.T, raw string) {
-	var spec childSpec
-	require.NoError(t, json.Unmarshal([]byte(raw), &spec))
+func runKilledConsumer(t *testing.T, spec childSpec) {
 	db := testdb.Open(t, "pgx", spec.DSN)
 	s := openService(t, db, spec.Service, spec.Inbox, spec.Effects)
 	// Commit each offset right after its ack, so the offsets of all but the
@@ -130,9 +115,7 @@ func runKilledConsumer(t *testing.T, raw string) {
 				return nil
 			}
 			// Committed, not yet acked: the offset is never committed.
-			return inbox.AfterCommit(msg.Context(), func(context.Context) error {
-				return syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			})
+			return inbox.AfterCommit(msg.Context(), killtest.Kill)
 		},
 	})
 	time.Sleep(waitFor)

@@ -1,0 +1,196 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// A watermill-sql subscriber (v3, v4) hands each message over inside a
+// transaction of its own, which its sql.TxFromContext returns; Watermill's
+// exactly-once-delivery-counter example writes the handler's effects there.
+// Behind the inbox those writes would commit apart from the claim: a crash
+// between the claim's commit and the subscriber's leaves the claim without
+// the effect, and the redelivery is skipped as a duplicate.
+//
+// The claim does not join the subscriber's transaction (under a savepoint):
+// watermill-sql commits that transaction whenever it stops waiting for the
+// ack, when AckDeadline expires or the subscriber closes, even while the
+// handler is still writing in it, which would commit the claim with half an
+// effect. Instead the claim's transaction stands in for the subscriber's in
+// the handler's context, so both accessors return it and the subscriber's
+// transaction carries only the offset, as a broker's ack would.
+//
+// The engine cannot import watermill-sql (v4 links pgx), so it finds the
+// context key by its type: a string type named contextKey in a package
+// github.com/ThreeDotsLabs/watermill-sql/.../pkg/sql, holding a transaction.
+// Tests run real v3 and v4 subscribers, so that a change there fails a test.
+
+// ErrSubscriberTx is inbox.ErrSubscriberTx.
+var ErrSubscriberTx = errors.New("inbox: the message carries a subscriber's transaction this middleware cannot stand in for")
+
+// subscriberTxLike is what a stored value must offer to be taken for a
+// transaction: *sql.Tx, and watermill-sql v4's Tx wrappers, do.
+type subscriberTxLike interface {
+	Commit() error
+	Rollback() error
+}
+
+// knownSubscriberKeys caches the keys found so far, so that a message from a
+// watermill-sql subscriber is recognised with a plain ctx.Value lookup.
+var (
+	knownSubscriberKeys atomic.Pointer[[]any]
+	knownSubscriberMu   sync.Mutex
+)
+
+// maxContexts bounds the walk up a context chain.
+const maxContexts = 1000
+
+// subscriberTx returns a function that puts the claim's transaction in the
+// place of the watermill-sql transaction in ctx, or nil when ctx carries
+// none. The error, wrapping ErrSubscriberTx, is for a transaction a T cannot
+// stand in for; it comes before any SQL, so the message is refused whole.
+func (e *Engine[T]) subscriberTx(ctx context.Context) (func(ctx context.Context, tx T) context.Context, error) {
+	key, value, ok := findSubscriberTx(ctx, isWatermillSQLKey)
+	if !ok {
+		return nil, nil
+	}
+	wrap, err := standIn[T](value)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, tx T) context.Context {
+		return context.WithValue(ctx, key, wrap(tx))
+	}, nil
+}
+
+// isWatermillSQLKey recognises the type of watermill-sql's context keys.
+func isWatermillSQLKey(t reflect.Type) bool {
+	return t.Kind() == reflect.String && t.Name() == "contextKey" &&
+		strings.HasPrefix(t.PkgPath(), "github.com/ThreeDotsLabs/watermill-sql/") &&
+		strings.HasSuffix(t.PkgPath(), "/pkg/sql")
+}
+
+// findSubscriberTx returns the key and value of a transaction stored in ctx
+// under a key whose type isKey accepts.
+func findSubscriberTx(ctx context.Context, isKey func(reflect.Type) bool) (key, value any, ok bool) {
+	if keys := knownSubscriberKeys.Load(); keys != nil {
+		for _, k := range *keys {
+			if v, ok := txValue(ctx, k); ok {
+				return k, v, true
+			}
+		}
+	}
+	for _, k := range contextKeys(ctx, isKey) {
+		if v, ok := txValue(ctx, k); ok {
+			rememberSubscriberKey(k)
+			return k, v, true
+		}
+	}
+	return nil, nil, false
+}
+
+func txValue(ctx context.Context, key any) (any, bool) {
+	v := ctx.Value(key)
+	if _, ok := v.(subscriberTxLike); !ok {
+		return nil, false
+	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer && rv.IsNil() {
+		return nil, false
+	}
+	return v, true
+}
+
+func rememberSubscriberKey(k any) {
+	knownSubscriberMu.Lock()
+	defer knownSubscriberMu.Unlock()
+	var keys []any
+	if old := knownSubscriberKeys.Load(); old != nil {
+		keys = append(keys, *old...)
+	}
+	for _, known := range keys {
+		if known == k {
+			return
+		}
+	}
+	keys = append(keys, k)
+	knownSubscriberKeys.Store(&keys)
+}
+
+var contextType = reflect.TypeFor[context.Context]()
+
+// contextKeys walks ctx and its parents and returns a copy of every key
+// whose type isKey accepts. A parent is a field whose type is a context; the
+// standard library's contexts keep theirs in an embedded Context or in c,
+// and a struct embedded in a context (timerCtx's cancelCtx) is searched as
+// part of it. Fields are only read: the keys are rebuilt from their type and
+// text, so that ctx.Value, not reflection, reads what is stored under them.
+func contextKeys(ctx context.Context, isKey func(reflect.Type) bool) []any {
+	var keys []any
+	stack := []reflect.Value{reflect.ValueOf(ctx)}
+	for n := 0; len(stack) > 0 && n < maxContexts; n++ {
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for (v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface) && !v.IsNil() {
+			v = v.Elem()
+		}
+		if v.Kind() == reflect.Struct {
+			stack, keys = scanContext(v, isKey, stack, keys)
+		}
+	}
+	return keys
+}
+
+func scanContext(v reflect.Value, isKey func(reflect.Type) bool, stack []reflect.Value, keys []any) ([]reflect.Value, []any) {
+	t := v.Type()
+	for i := range t.NumField() {
+		f, fv := t.Field(i), v.Field(i)
+		switch {
+		case f.Type.Implements(contextType):
+			stack = append(stack, fv)
+		case f.Anonymous && f.Type.Kind() == reflect.Struct:
+			stack, keys = scanContext(fv, isKey, stack, keys)
+		case f.Type.Kind() == reflect.Interface && !fv.IsNil() && isKey(fv.Elem().Type()):
+			k := reflect.New(fv.Elem().Type()).Elem()
+			k.SetString(fv.Elem().String())
+			keys = append(keys, k.Interface())
+		}
+	}
+	return stack, keys
+}
+
+// standIn returns how a transaction of type T takes the place of
+// value: as it is when it has value's type (v3's *sql.Tx), else in a copy of
+// value's wrapper with its exported Tx field replaced (v4's *sql.StdSQLTx
+// around a *sql.Tx, *sql.PgxTx around a pgx.Tx).
+func standIn[T any](value any) (func(tx T) any, error) {
+	txType, vt := reflect.TypeFor[T](), reflect.TypeOf(value)
+	if txType.AssignableTo(vt) {
+		return func(tx T) any { return tx }, nil
+	}
+	st, ptr := vt, vt.Kind() == reflect.Pointer
+	if ptr {
+		st = vt.Elem()
+	}
+	if st.Kind() == reflect.Struct {
+		if f, ok := st.FieldByName("Tx"); ok && f.IsExported() && txType.AssignableTo(f.Type) {
+			orig := reflect.Indirect(reflect.ValueOf(value))
+			return func(tx T) any {
+				w := reflect.New(st)
+				w.Elem().Set(orig)
+				w.Elem().FieldByIndex(f.Index).Set(reflect.ValueOf(&tx).Elem())
+				if !ptr {
+					return w.Elem().Interface()
+				}
+				return w.Interface()
+			}, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: the message comes with a transaction of type %s (watermill-sql's sql.TxFromContext returns it), and this middleware's transaction, a %s, cannot take its place for the handler; "+
+		"give the subscriber a database/sql connection for inbox.NewMiddleware (watermill-sql v4: sql.BeginnerFromStdSQL), or a pgx one for pgxinbox.NewMiddleware (sql.BeginnerFromPgx)",
+		ErrSubscriberTx, vt, txType)
+}

@@ -1,0 +1,126 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The walk is proven against real watermill-sql subscribers in the root
+// package's tests; here it meets every context the standard library makes,
+// under a key type of this package.
+type contextKey string
+
+func isTestKey(t reflect.Type) bool { return t == reflect.TypeFor[contextKey]() }
+
+type fakeTx struct{ id int }
+
+func (*fakeTx) Commit() error   { return nil }
+func (*fakeTx) Rollback() error { return nil }
+
+// custom is a context of its own kind, with its parent in a named field.
+type custom struct{ parent context.Context }
+
+func (c custom) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c custom) Done() <-chan struct{}       { return c.parent.Done() }
+func (c custom) Err() error                  { return c.parent.Err() }
+func (c custom) Value(key any) any           { return c.parent.Value(key) }
+func (c custom) String() string              { return "custom" }
+
+func TestFindSubscriberTxThroughEveryContext(t *testing.T) {
+	t.Parallel()
+	tx := &fakeTx{id: 1}
+	ctx := context.WithValue(context.Background(), contextKey("tx"), tx)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ctx, cancelTimeout := context.WithTimeout(ctx, time.Hour)
+	defer cancelTimeout()
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	defer cancelCause(nil)
+	ctx, cancelDeadline := context.WithDeadlineCause(ctx, time.Now().Add(time.Hour), nil)
+	defer cancelDeadline()
+	ctx = context.WithoutCancel(ctx)
+	ctx = context.WithValue(custom{ctx}, "other", 1)
+	// A context stored as a value is not a parent.
+	ctx = context.WithValue(ctx, "stored", context.WithValue(context.Background(), contextKey("stored"), &fakeTx{id: 2}))
+	stop := context.AfterFunc(ctx, func() {})
+	defer stop()
+	ctx, cancelAfter := context.WithCancel(ctx)
+	defer cancelAfter()
+
+	require.Equal(t, []any{contextKey("tx")}, contextKeys(ctx, isTestKey))
+	key, value, ok := findSubscriberTx(ctx, isTestKey)
+	require.True(t, ok)
+	require.Equal(t, contextKey("tx"), key)
+	require.Same(t, tx, value)
+}
+
+func TestFindSubscriberTxNeedsATransaction(t *testing.T) {
+	t.Parallel()
+	_, _, ok := findSubscriberTx(context.Background(), isTestKey)
+	require.False(t, ok)
+	// The key's type, holding something else: another of the package's
+	// keys, or a nil transaction.
+	ctx := context.WithValue(context.Background(), contextKey("delay"), time.Second)
+	ctx = context.WithValue(ctx, contextKey("tx"), (*fakeTx)(nil))
+	_, _, ok = findSubscriberTx(ctx, isTestKey)
+	require.False(t, ok)
+	// Text is read from the key, not assumed.
+	ctx = context.WithValue(ctx, contextKey("transaction"), &fakeTx{})
+	key, _, ok := findSubscriberTx(ctx, isTestKey)
+	require.True(t, ok)
+	require.Equal(t, contextKey("transaction"), key)
+}
+
+// wrapper has watermill-sql v4's shape: a struct around the transaction,
+// in an exported field Tx, with fields of its own.
+type wrapper struct {
+	Tx    *fakeTx
+	extra string
+}
+
+func (w wrapper) Commit() error   { return nil }
+func (w wrapper) Rollback() error { return nil }
+
+type other struct{}
+
+func (other) Commit() error   { return nil }
+func (other) Rollback() error { return nil }
+
+func TestStandIn(t *testing.T) {
+	t.Parallel()
+	mine := &fakeTx{id: 9}
+
+	direct, err := standIn[*fakeTx](&fakeTx{id: 1})
+	require.NoError(t, err)
+	require.Same(t, mine, direct(mine))
+
+	orig := &wrapper{Tx: &fakeTx{id: 1}, extra: "kept"}
+	ptr, err := standIn[*fakeTx](orig)
+	require.NoError(t, err)
+	got := ptr(mine).(*wrapper)
+	require.Same(t, mine, got.Tx)
+	require.Equal(t, "kept", got.extra)
+	require.NotSame(t, orig, got, "the subscriber's wrapper is left alone")
+	require.Equal(t, 1, orig.Tx.id)
+
+	val, err := standIn[*fakeTx](wrapper{Tx: &fakeTx{id: 1}})
+	require.NoError(t, err)
+	require.Same(t, mine, val(mine).(wrapper).Tx)
+
+	// An interface type, as pgx.Tx, fits a field of that type.
+	type txIface interface{ Commit() error }
+	type ifaceWrapper struct{ Tx txIface }
+	iw, err := standIn[txIface](&ifaceWrapper{})
+	require.NoError(t, err)
+	require.Same(t, mine, iw(mine).(*ifaceWrapper).Tx)
+
+	for _, v := range []any{other{}, &wrapper{}} {
+		_, err = standIn[*custom](v)
+		require.True(t, errors.Is(err, ErrSubscriberTx), "%T: %v", v, err)
+	}
+}
