@@ -138,29 +138,61 @@ func contextKeys(ctx context.Context, isKey func(reflect.Type) bool) []any {
 		for (v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface) && !v.IsNil() {
 			v = v.Elem()
 		}
-		if v.Kind() == reflect.Struct {
-			stack, keys = scanContext(v, isKey, stack, keys)
+		if v.Kind() != reflect.Struct {
+			continue
+		}
+		p := planFor(v.Type())
+		for _, i := range p.parents {
+			stack = append(stack, v.FieldByIndex(i))
+		}
+		for _, i := range p.values {
+			fv := v.FieldByIndex(i)
+			if fv.IsNil() {
+				continue
+			}
+			if kt := fv.Elem().Type(); isKey(kt) {
+				k := reflect.New(kt).Elem()
+				k.SetString(fv.Elem().String())
+				keys = append(keys, k.Interface())
+			}
 		}
 	}
 	return keys
 }
 
-func scanContext(v reflect.Value, isKey func(reflect.Type) bool, stack []reflect.Value, keys []any) ([]reflect.Value, []any) {
-	t := v.Type()
+// contextPlan lists, for one context type, the fields that hold a parent
+// and the interface fields that may hold a key, as index paths through
+// embedded structs. Plans are cached: reflecting on a type's fields for
+// every message would cost more than the walk.
+type contextPlan struct {
+	parents, values [][]int
+}
+
+var contextPlans sync.Map // reflect.Type -> *contextPlan
+
+func planFor(t reflect.Type) *contextPlan {
+	if p, ok := contextPlans.Load(t); ok {
+		return p.(*contextPlan)
+	}
+	p := &contextPlan{}
+	p.add(t, nil)
+	contextPlans.Store(t, p)
+	return p
+}
+
+func (p *contextPlan) add(t reflect.Type, prefix []int) {
 	for i := range t.NumField() {
-		f, fv := t.Field(i), v.Field(i)
+		f := t.Field(i)
+		path := append(append([]int(nil), prefix...), i)
 		switch {
 		case f.Type.Implements(contextType):
-			stack = append(stack, fv)
+			p.parents = append(p.parents, path)
 		case f.Anonymous && f.Type.Kind() == reflect.Struct:
-			stack, keys = scanContext(fv, isKey, stack, keys)
-		case f.Type.Kind() == reflect.Interface && !fv.IsNil() && isKey(fv.Elem().Type()):
-			k := reflect.New(fv.Elem().Type()).Elem()
-			k.SetString(fv.Elem().String())
-			keys = append(keys, k.Interface())
+			p.add(f.Type, path)
+		case f.Type.Kind() == reflect.Interface:
+			p.values = append(p.values, path)
 		}
 	}
-	return stack, keys
 }
 
 // standIn returns how a transaction of type T takes the place of

@@ -124,3 +124,62 @@ func TestStandIn(t *testing.T) {
 		require.True(t, errors.Is(err, ErrSubscriberTx), "%T: %v", v, err)
 	}
 }
+
+// routerContext is a message context as a router hands it to middleware:
+// the subscriber's values (a Kafka partition and offset, say, or
+// watermill-sql's transaction under its deadline), then the router's five.
+func routerContext(b *testing.B, subscriber func(context.Context) context.Context) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	ctx = subscriber(ctx)
+	for _, k := range []string{"handler", "publisher", "subscriber", "subscribe_topic", "publish_topic"} {
+		ctx = context.WithValue(ctx, routerKey(k), k)
+	}
+	return ctx
+}
+
+type routerKey string
+
+// BenchmarkSubscriberTx measures what looking for a subscriber's
+// transaction adds to each message, as a multiple of one ctx.Value lookup
+// through the same context (the middleware makes several: handler name,
+// publish topic): a full walk up the context for a message that carries none,
+// a cached key's lookup for one that does.
+//
+//	go test -run '^$' -bench BenchmarkSubscriberTx -count 5 ./internal/engine/
+func BenchmarkSubscriberTx(b *testing.B) {
+	plain := routerContext(b, func(ctx context.Context) context.Context {
+		return context.WithValue(context.WithValue(ctx, routerKey("partition"), 3), routerKey("offset"), 42)
+	})
+	withTx := routerContext(b, func(ctx context.Context) context.Context {
+		ctx, cancelDeadline := context.WithTimeout(ctx, time.Hour)
+		b.Cleanup(cancelDeadline)
+		ctx, cancel := context.WithCancel(context.WithValue(ctx, contextKey("tx"), &fakeTx{}))
+		b.Cleanup(cancel)
+		return ctx
+	})
+	// The baseline is timed here, in the same run (testing.Benchmark would
+	// deadlock inside a benchmark).
+	const lookups = 1_000_000
+	start := time.Now()
+	for range lookups {
+		_ = plain.Value(routerKey("missing"))
+	}
+	baseline := float64(time.Since(start).Nanoseconds()) / lookups
+	for _, c := range []struct {
+		name  string
+		ctx   context.Context
+		found bool
+	}{{"none", plain, false}, {"watermill-sql", withTx, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, _, ok := findSubscriberTx(c.ctx, isTestKey); ok != c.found {
+					b.Fatal("wrong answer")
+				}
+			}
+			perOp := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			b.ReportMetric(baseline, "ns/ctx.Value")
+			b.ReportMetric(perOp/baseline, "x_ctx.Value")
+		})
+	}
+}
