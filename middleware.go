@@ -133,6 +133,11 @@ func (c Config) validate() error {
 // exactly once however often it is delivered. Add it to a router
 // (router.AddMiddleware) or to single handlers (handler.AddMiddleware), inside
 // Recoverer, PoisonQueue and Retry: each retry must open a new transaction.
+//
+// Behind a watermill-sql subscriber, the claim's transaction also takes the
+// place of the subscriber's for the handler (see [TxFromContext]); a pgx
+// subscriber's transaction cannot be replaced by a *sql.Tx, and its messages
+// are refused with [ErrSubscriberTx].
 func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	config.setDefaults()
 	if err := config.validate(); err != nil {

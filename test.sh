@@ -171,6 +171,8 @@ if [ $# -eq 0 ]; then
 	in_module run ./_examples/metrics -addr 127.0.0.1:0 >/dev/null
 	# The complete loop on embedded Kafka; it fails unless every order has one invoice and one notification.
 	in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	# Watermill's exactly-once-delivery-counter behind the inbox; it fails unless the counter equals the events.
+	in_module run ./_examples/exactly-once-counter -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
 	exit 0
 fi
 

@@ -18,7 +18,10 @@
 // inbox.EventIDFromContext and inbox.AfterCommit work here as they do
 // behind inbox.NewMiddleware. For an outbox in the same transaction, give
 // watermill-sql v4 the transaction: sql.NewPublisher(sql.TxFromPgx(tx), ...),
-// or set Config.ProducedPublisher.
+// or set Config.ProducedPublisher. Behind a watermill-sql v4 subscriber on
+// pgx (sql.BeginnerFromPgx), watermill-sql's sql.TxFromContext returns a
+// *sql.PgxTx around the same transaction; a subscriber on database/sql is
+// refused with [inbox.ErrSubscriberTx] (use [inbox.NewMiddleware]).
 package pgxinbox
 
 import (
