@@ -127,7 +127,7 @@ var contextType = reflect.TypeFor[context.Context]()
 // whose type isKey accepts. A parent is a field whose type is a context; the
 // standard library's contexts keep theirs in an embedded Context or in c,
 // and a struct embedded in a context (timerCtx's cancelCtx) is searched as
-// part of it. Fields are only read: the keys are rebuilt from their type and
+// part of it. Keys are those of context.WithValue, in a field named key. Fields are only read: the keys are rebuilt from their type and
 // text, so that ctx.Value, not reflection, reads what is stored under them.
 func contextKeys(ctx context.Context, isKey func(reflect.Type) bool) []any {
 	var keys []any
@@ -161,9 +161,12 @@ func contextKeys(ctx context.Context, isKey func(reflect.Type) bool) []any {
 }
 
 // contextPlan lists, for one context type, the fields that hold a parent
-// and the interface fields that may hold a key, as index paths through
-// embedded structs. Plans are cached: reflecting on a type's fields for
-// every message would cost more than the walk.
+// and the interface fields named key (context.WithValue's valueCtx keeps its
+// key there), as index paths through embedded structs. Only fields that
+// never change after the context is made are read: a cancelCtx's err and
+// cause are written by cancel, without a lock this walk could take. Plans
+// are cached: reflecting on a type's fields for every message would cost
+// more than the walk.
 type contextPlan struct {
 	parents, values [][]int
 }
@@ -189,7 +192,7 @@ func (p *contextPlan) add(t reflect.Type, prefix []int) {
 			p.parents = append(p.parents, path)
 		case f.Anonymous && f.Type.Kind() == reflect.Struct:
 			p.add(f.Type, path)
-		case f.Type.Kind() == reflect.Interface:
+		case f.Type.Kind() == reflect.Interface && f.Name == "key":
 			p.values = append(p.values, path)
 		}
 	}

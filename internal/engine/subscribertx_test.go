@@ -183,3 +183,23 @@ func BenchmarkSubscriberTx(b *testing.B) {
 		})
 	}
 }
+
+// The walk runs while other goroutines cancel the message's contexts (a
+// subscriber closing, an ack deadline): it reads no field that cancel
+// writes. Under -race this fails if it does.
+func TestFindSubscriberTxWhileCancelled(t *testing.T) {
+	t.Parallel()
+	base := context.WithValue(context.Background(), contextKey("tx"), &fakeTx{})
+	for range 200 {
+		ctx, cancel := context.WithCancelCause(base)
+		ctx, cancelTimeout := context.WithTimeout(ctx, time.Hour)
+		done := make(chan struct{})
+		go func() {
+			cancel(errors.New("closing"))
+			close(done)
+		}()
+		require.Len(t, contextKeys(ctx, isTestKey), 1)
+		<-done
+		cancelTimeout()
+	}
+}
