@@ -124,7 +124,7 @@ func TestSubscriberGivesUpMidHandler(t *testing.T) {
 	t.Parallel()
 	wsqltest.EachFlavour(t, func(t *testing.T, r *wsqltest.Rig) {
 		ids := r.PublishCopies(t, 1, 1)
-		sub, err := r.SubscriberWith(300 * time.Millisecond)
+		sub, err := r.SubscriberWith(500 * time.Millisecond)
 		require.NoError(t, err)
 
 		// The subscriber's transaction of the first delivery. The
@@ -162,7 +162,9 @@ func TestSubscriberGivesUpMidHandler(t *testing.T) {
 		stop()
 
 		require.True(t, gaveUp, "watermill-sql ended its transaction while the handler ran")
-		require.Equal(t, 2, calls.of(ids[0]), "the first attempt was undone, the redelivery processed")
+		// Each attempt adds one to the counter before it writes the effect;
+		// a slow machine may give up on more than the first.
+		require.GreaterOrEqual(t, calls.of(ids[0]), 2, "the first attempt was undone, a redelivery processed")
 		require.Equal(t, wsqltest.Exactly(1), r.Outcome(t))
 	})
 }
