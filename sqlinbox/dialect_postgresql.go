@@ -83,9 +83,15 @@ func quoteName(name string, q byte) string { return string(q) + name + string(q)
 // pgSchemaLock serialises concurrent CreateSchema calls: concurrent CREATE
 // TABLE IF NOT EXISTS can still collide in the catalog (unique violation on
 // pg_type), so instances starting together take turns on a
-// transaction-scoped advisory lock.
+// transaction-scoped advisory lock. The table may not exist yet, so the key
+// is its schema-qualified name, an unqualified one completed with the
+// schema CREATE TABLE uses: "inbox" and "public.inbox" share the lock.
 func pgSchemaLock(t tableName) string {
-	return fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtext('watermill_inbox schema %s'))`, t)
+	schema := "COALESCE(current_schema(), '')"
+	if t.schema != "" {
+		schema = "'" + t.schema + "'"
+	}
+	return fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtext('watermill_inbox schema ' || %s || '.%s'))`, schema, t.name)
 }
 
 // pgCreateTable is the inbox table's DDL, plain or partitioned: key lists

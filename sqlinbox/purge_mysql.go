@@ -20,8 +20,13 @@ func (mysqlDialect) purgeQueries(t tableName, _ Config) purgeQueries {
 	// processed_at is UTC from the database clock (see the schema).
 	const expired = "processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"
 	// GET_LOCK names are server-wide and at most 64 characters: hash the
-	// database and the key.
-	const lockName = "CONCAT('inbox_purge_', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.', ?)))"
+	// schema-qualified table, an unqualified name completed with the
+	// connection's database, so "inbox" and "app.inbox" share the lock.
+	schema := "COALESCE(DATABASE(), '')"
+	if t.schema != "" {
+		schema = "'" + t.schema + "'"
+	}
+	lockName := fmt.Sprintf("CONCAT('inbox_purge_', SHA1(CONCAT('watermill_inbox purge ', %s, '.', '%s')))", schema, t.name)
 	deleteBatch := func(s scopeShape, timeout time.Duration, mariaDB bool) string {
 		// The processed_at index serves both the range and the order, so
 		// the DELETE reads only the rows it removes.
@@ -36,8 +41,8 @@ func (mysqlDialect) purgeQueries(t tableName, _ Config) purgeQueries {
 	return purgeQueries{
 		// GET_LOCK with timeout 0 does not wait. The lock belongs to the
 		// purge's dedicated connection and dies with its session.
-		tryLock: "SELECT COALESCE(GET_LOCK(" + lockName + ", 0), 0)",
-		unlock:  "SELECT RELEASE_LOCK(" + lockName + ")",
+		tryLock: "SELECT name, COALESCE(GET_LOCK(name, 0), 0) FROM (SELECT " + lockName + " AS name) t",
+		unlock:  "SELECT RELEASE_LOCK(?)",
 		deleteBatch: func(s scopeShape, timeout time.Duration) string {
 			return deleteBatch(s, timeout, true)
 		},
