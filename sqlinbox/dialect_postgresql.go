@@ -59,14 +59,32 @@ func (postgresql) queries(t tableName, c Config) queries {
 	if c.ClaimTimeout > 0 {
 		// set_config runs in the CTE before the insert looks for a conflict,
 		// so the lock wait of this very statement is bounded; afterClaim
-		// restores the default so the handler's own statements are not.
-		q.claim = fmt.Sprintf(`WITH lt AS (SELECT set_config('lock_timeout', '%dms', true))
-INSERT INTO %s (%s) SELECT $1::text, $2::%s%s FROM lt ON CONFLICT DO NOTHING`,
-			max(c.ClaimTimeout.Milliseconds(), 1), table, cols, idType, fpVal)
-		q.afterClaim = `SET LOCAL lock_timeout TO DEFAULT`
+		// restores the session's value so the handler's own statements are
+		// not.
+		q.claim = fmt.Sprintf(`%sINSERT INTO %s (%s) SELECT $1::text, $2::%s%s FROM lt ON CONFLICT DO NOTHING`,
+			pgClaimTimeout(c), table, cols, idType, fpVal)
+		q.afterClaim = pgRestoreLockTimeout
 	}
 	return q
 }
+
+// pgClaimTimeout is a WITH clause whose CTE lt, selected from, sets
+// lock_timeout to Config.ClaimTimeout for the rest of the transaction. It
+// first keeps the value it replaces in a setting of the transaction,
+// watermill_inbox.lock_timeout (lt reads prev, so prev runs first), for
+// pgRestoreLockTimeout: SET LOCAL ... TO DEFAULT would restore the role's
+// or database's default, not a value the application SET on its
+// connections. Kept on the server, the value costs the pipelined claim no
+// round trip.
+func pgClaimTimeout(c Config) string {
+	return fmt.Sprintf(`WITH prev AS (SELECT set_config('watermill_inbox.lock_timeout', current_setting('lock_timeout'), true)),
+lt AS (SELECT set_config('lock_timeout', '%dms', true) FROM prev)
+`, max(c.ClaimTimeout.Milliseconds(), 1))
+}
+
+// pgRestoreLockTimeout gives the handler the lock_timeout the session had
+// before pgClaimTimeout.
+const pgRestoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('watermill_inbox.lock_timeout'), true)`
 
 func (postgresql) classify(err error) error {
 	switch pgCode(err) {

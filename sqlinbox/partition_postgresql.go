@@ -85,8 +85,7 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 	// apart from ("a", "bc").
 	lock := fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtextextended('%s'::regclass::oid::text || ':' || length($1::text) || ':' || $1::text || $2::text, 0))`, table)
 	if c.ClaimTimeout > 0 {
-		lock = fmt.Sprintf(`WITH lt AS (SELECT set_config('lock_timeout', '%dms', true))
-%s FROM lt`, max(c.ClaimTimeout.Milliseconds(), 1), lock)
+		lock = pgClaimTimeout(c) + lock + " FROM lt"
 	}
 	lock = fmt.Sprintf(`WITH l AS (%s) SELECT current_setting('transaction_isolation') FROM l`, lock)
 	q := queries{
@@ -113,7 +112,7 @@ ON CONFLICT DO NOTHING`, table, idType, cols, fpVal),
 		},
 	}
 	if c.ClaimTimeout > 0 {
-		q.afterClaim = `SET LOCAL lock_timeout TO DEFAULT`
+		q.afterClaim = pgRestoreLockTimeout
 	}
 	if c.Fingerprints {
 		// The lock serialises copies of the event, so at most one

@@ -42,7 +42,8 @@ type Config struct {
 	// while the first copy is still being handled. When it expires the claim
 	// fails with an error wrapping inbox.ErrInFlight and the message is
 	// retried later instead of holding a connection. Only the claim
-	// statement is bounded, never the handler's: PostgreSQL lock_timeout;
+	// statement is bounded, never the handler's: PostgreSQL lock_timeout,
+	// set for the claim and then put back to the session's value;
 	// MariaDB innodb_lock_wait_timeout through SET STATEMENT, whole seconds
 	// rounded up (MySQL 8 cannot scope it to a statement and the first claim
 	// fails with ErrClaimTimeoutUnsupported); SQLite refuses it in New, its
