@@ -2,6 +2,7 @@ package sqlinbox
 
 import (
 	"fmt"
+	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
 )
@@ -85,6 +86,10 @@ lt AS (SELECT set_config('lock_timeout', '%dms', true) FROM prev)
 // pgRestoreLockTimeout gives the handler the lock_timeout the session had
 // before pgClaimTimeout.
 const pgRestoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('watermill_inbox.lock_timeout'), true)`
+
+func (postgresql) claimTimeoutLimit() (time.Duration, string) {
+	return pgMaxTimeout, "PostgreSQL's lock_timeout"
+}
 
 func (postgresql) classify(err error) error {
 	switch pgCode(err) {

@@ -38,6 +38,29 @@ type purgeDialect interface {
 	// statementTimedOut reports whether err is the database cancelling a
 	// statement for running past its timeout.
 	statementTimedOut(err error) bool
+	purgeLimits() PurgeLimits
+}
+
+// PurgeLimits are the longest timeouts a database takes for the purge's
+// statements; package purge refuses a Config beyond them, since every
+// batch or partition change would fail. Zero means no limit: the dialect
+// does not use that timeout (SQLite neither; MySQL 8 no statement timeout).
+type PurgeLimits struct {
+	// StatementTimeout bounds the timeout of PurgeSession.DeleteBatch:
+	// PostgreSQL's statement_timeout, MariaDB's max_statement_time.
+	StatementTimeout time.Duration
+	// LockTimeout bounds the lockTimeout of PurgeSession.CreatePartitions
+	// and DropPartition: PostgreSQL's lock_timeout.
+	LockTimeout time.Duration
+}
+
+// PurgeLimits returns the longest purge timeouts the store's database
+// takes. Package purge checks its Config against them.
+func (s *Store) PurgeLimits() PurgeLimits {
+	if pd, ok := s.dialect.(purgeDialect); ok {
+		return pd.purgeLimits()
+	}
+	return PurgeLimits{}
 }
 
 // purgeQueries holds the purge's SQL text. Bind parameters come in one

@@ -71,6 +71,14 @@ const (
 	mysqlQueryTimeout       = 3024 // ER_QUERY_TIMEOUT: max_execution_time
 )
 
+// mariadbMaxStatementTime is the longest max_statement_time MariaDB takes,
+// a year; partitions, hence lock timeouts, are PostgreSQL's only.
+const mariadbMaxStatementTime = 31_536_000 * time.Second
+
+func (mysqlDialect) purgeLimits() PurgeLimits {
+	return PurgeLimits{StatementTimeout: mariadbMaxStatementTime}
+}
+
 func (mysqlDialect) statementTimedOut(err error) bool {
 	var e *mysql.MySQLError
 	if !errors.As(err, &e) {

@@ -53,6 +53,10 @@ func (postgresql) purgeQueries(t tableName, c Config) purgeQueries {
 	}
 }
 
+func (postgresql) purgeLimits() PurgeLimits {
+	return PurgeLimits{StatementTimeout: pgMaxTimeout, LockTimeout: pgMaxTimeout}
+}
+
 func (postgresql) statementTimedOut(err error) bool {
 	return pgCode(err) == "57014" // query_canceled, here by statement_timeout
 }

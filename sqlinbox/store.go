@@ -47,7 +47,9 @@ type Config struct {
 	// MariaDB innodb_lock_wait_timeout through SET STATEMENT, whole seconds
 	// rounded up (MySQL 8 cannot scope it to a statement and the first claim
 	// fails with ErrClaimTimeoutUnsupported); SQLite refuses it in New, its
-	// DSN's busy_timeout is the bound. Defaults to 0: wait until the other
+	// DSN's busy_timeout is the bound. New refuses one longer than the
+	// setting takes: 2,147,483,647 ms (24.8 days) on PostgreSQL,
+	// 100,000,000 s on MariaDB. Defaults to 0: wait until the other
 	// transaction ends.
 	ClaimTimeout time.Duration
 
@@ -108,6 +110,9 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	}
 	if config.ClaimTimeout < 0 {
 		return nil, fmt.Errorf("sqlinbox: invalid config: ClaimTimeout is negative (%s)", config.ClaimTimeout)
+	}
+	if limit, setting := config.Dialect.claimTimeoutLimit(); limit > 0 && config.ClaimTimeout > limit {
+		return nil, fmt.Errorf("sqlinbox: invalid config: ClaimTimeout %s is above %s, the longest %s takes", config.ClaimTimeout, limit, setting)
 	}
 	if err := checkPartitioning(config); err != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
