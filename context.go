@@ -38,14 +38,18 @@ func EventIDFromContext(ctx context.Context) (eventID, consumer string, ok bool)
 // duplicate. It is at most once: if the process dies between the commit and
 // fn, the effect never happens, so record in the transaction what fn is about
 // to do and let a sweeper compensate for effects that are missing (see the
-// README). An error from fn is logged; the message is still acked because its
-// transaction is committed. Hooks run in registration order, with the
-// message's context (cancellation removed).
+// README). An error or a panic from fn is logged and reported in
+// [Observation].AfterCommitErr; the message is still acked because its
+// transaction is committed, and the hooks after fn still run. Hooks run in
+// registration order, with the message's context (cancellation removed).
+//
+// Register hooks before the handler returns: called later (from a goroutine
+// the handler started, or with a context kept past the handler),
+// AfterCommit returns [ErrTxEnded] and fn never runs.
 func AfterCommit(ctx context.Context, fn func(ctx context.Context) error) error {
 	s := engine.SessionFrom(ctx)
 	if s == nil {
 		return ErrNotInInbox
 	}
-	s.AfterCommit(fn)
-	return nil
+	return s.AfterCommit(fn)
 }

@@ -47,4 +47,10 @@ var (
 	// ErrNotInInbox is returned by AfterCommit when the context does not come
 	// from a message handled by the inbox middleware.
 	ErrNotInInbox = errors.New("inbox: context is not inside an inbox transaction")
+
+	// ErrTxEnded is returned by AfterCommit called after the handler
+	// returned, from a goroutine it started or with a context kept past it:
+	// the inbox transaction has already committed or rolled back, so the
+	// hook would never run. Register hooks before the handler returns.
+	ErrTxEnded = engine.ErrTxEnded
 )

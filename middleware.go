@@ -187,6 +187,7 @@ func observe(o Observer) func(context.Context) (context.Context, func(engine.Obs
 			done(Observation{
 				Consumer: ob.Consumer, EventID: ob.EventID, Outcome: Outcome(ob.Outcome), Err: ob.Err, Stale: ob.Stale,
 				Start: ob.Start, ClaimStart: ob.ClaimStart, ClaimDuration: ob.ClaimDuration, Duration: ob.Duration,
+				AfterCommitErr: ob.AfterCommitErr,
 			})
 		}
 	}

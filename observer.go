@@ -60,6 +60,13 @@ type Observation struct {
 	ClaimStart    time.Time
 	ClaimDuration time.Duration
 	Duration      time.Duration
+
+	// AfterCommitErr is the failure of the message's AfterCommit hooks
+	// (their errors and panics, joined), nil when every hook succeeded.
+	// Only an OutcomeProcessed message runs hooks, and a failed hook does
+	// not change that outcome: the transaction committed and the message
+	// is acked, but the hook's effect is lost.
+	AfterCommitErr error
 }
 
 // Observer watches the middleware, for metrics and tracing without tying the

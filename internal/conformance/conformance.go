@@ -101,6 +101,8 @@ func Run(t *testing.T, target Target) {
 		{"InFlightRollbackLetsDuplicateThrough", testInFlightRollbackLetsDuplicateThrough},
 		{"ClaimTimeout", testClaimTimeout},
 		{"AfterCommitHooks", testAfterCommitHooks},
+		{"AfterCommitHookPanics", testAfterCommitHookPanics},
+		{"AfterCommitAfterTheHandler", testAfterCommitAfterTheHandler},
 		{"ContextRestored", testContextRestored},
 		{"UUIDEventIDs", testUUIDEventIDs},
 		{"SchemaIdempotent", testSchemaIdempotent},

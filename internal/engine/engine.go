@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,7 @@ var (
 	ErrInFlight       = errors.New("inbox: another delivery of this event is still being processed; retry later")
 	ErrEventIDReused  = errors.New("inbox: event id reused for a different event")
 	ErrStaleEvent     = errors.New("inbox: event is older than MaxEventAge")
+	ErrTxEnded        = errors.New("inbox: the inbox transaction has already ended, so this AfterCommit hook would never run; register hooks before the handler returns")
 )
 
 // MaxFingerprintLength is inbox.MaxFingerprintLength.
@@ -80,6 +82,9 @@ type Observation struct {
 	ClaimStart    time.Time
 	ClaimDuration time.Duration
 	Duration      time.Duration
+	// AfterCommitErr joins the errors and panics of the after-commit hooks
+	// of a processed message.
+	AfterCommitErr error
 }
 
 // AdaptObserver turns an inbox.Observer, which this package cannot name,
@@ -235,6 +240,7 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	}
 
 	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID}
+	defer s.end()
 	msg.SetContext(context.WithValue(ctx, sessionKey{}, s))
 	defer msg.SetContext(ctx)
 	committed := false
@@ -265,7 +271,7 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	}
 	committed = true
 	ob.Outcome = OutcomeProcessed
-	e.runHooks(ctx, s)
+	ob.AfterCommitErr = e.runHooks(ctx, s)
 	return produced, nil
 }
 
@@ -360,21 +366,40 @@ func (e *Engine[T]) publishInTx(ctx context.Context, tx T, produced []*message.M
 	return nil
 }
 
-func (e *Engine[T]) runHooks(ctx context.Context, s *Session) {
-	s.mu.Lock()
-	hooks := s.hooks
-	s.mu.Unlock()
+// runHooks runs the session's after-commit hooks in order and returns
+// their failures. A hook that fails or panics loses only its own effect:
+// the transaction has committed, so the message is still processed and
+// acked, and the hooks after it still run.
+func (e *Engine[T]) runHooks(ctx context.Context, s *Session) error {
+	hooks := s.end()
 	if len(hooks) == 0 {
-		return
+		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
+	var errs []error
 	for _, fn := range hooks {
-		if err := fn(ctx); err != nil {
-			e.Logger.Error("Inbox: after-commit hook failed; its effect is lost for this event", err, watermill.LogFields{
-				"consumer": s.Consumer, "event_id": s.EventID,
-			})
+		stack, err := runHook(ctx, fn)
+		if err == nil {
+			continue
 		}
+		fields := watermill.LogFields{"consumer": s.Consumer, "event_id": s.EventID}
+		if stack != nil {
+			fields["stack"] = string(stack)
+		}
+		e.Logger.Error("Inbox: after-commit hook failed; its effect is lost for this event", err, fields)
+		errs = append(errs, err)
 	}
+	return errors.Join(errs...)
+}
+
+// runHook calls fn, turning a panic into an error, with the panic's stack.
+func runHook(ctx context.Context, fn func(context.Context) error) (stack []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			stack, err = debug.Stack(), fmt.Errorf("inbox: after-commit hook panicked: %v", r)
+		}
+	}()
+	return nil, fn(ctx)
 }
 
 // Session is what the middleware puts in the message context for the
@@ -387,6 +412,7 @@ type Session struct {
 
 	mu    sync.Mutex
 	hooks []func(context.Context) error
+	ended bool
 }
 
 type sessionKey struct{}
@@ -398,11 +424,26 @@ func SessionFrom(ctx context.Context) *Session {
 	return s
 }
 
-// AfterCommit registers fn to run after the session's commit.
-func (s *Session) AfterCommit(fn func(context.Context) error) {
+// AfterCommit registers fn to run after the session's commit. Once the
+// transaction has ended it returns ErrTxEnded: fn would never run.
+func (s *Session) AfterCommit(fn func(context.Context) error) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return ErrTxEnded
+	}
 	s.hooks = append(s.hooks, fn)
-	s.mu.Unlock()
+	return nil
+}
+
+// end closes the session to new hooks and returns those registered.
+func (s *Session) end() []func(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = true
+	hooks := s.hooks
+	s.hooks = nil
+	return hooks
 }
 
 // ValidateConsumer keeps consumer names readable in the table and in logs.
