@@ -383,6 +383,23 @@ func TestTimeoutShrinksTheBatch(t *testing.T) {
 	}, func(tg target) bool { return tg.holdRow != nil }) // SQLite locks the whole database, not a row
 }
 
+// A timeout below the database's unit still bounds the batch: MariaDB's
+// max_statement_time in milliseconds would read 100µs as 0, no limit, and
+// the batch would wait out innodb_lock_wait_timeout (50 s by default).
+func TestSubMillisecondTimeoutStillBounds(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		b := setup(t, tg)
+		b.seed(t, "billing", "old-", 10, 2*day)
+		release := tg.holdRow(t, b.db, b.table, "billing", "old-1")
+		defer release()
+		p := b.purger(t, purge.Config{Retention: day, BatchSize: purge.MinBatchSize, StatementTimeout: 100 * time.Microsecond})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := p.PurgeOnce(ctx)
+		require.ErrorIs(t, err, sqlinbox.ErrPurgeTimeout)
+	}, func(tg target) bool { return tg.holdRow != nil })
+}
+
 // Run purges at once, then every Interval, and returns nil when its context
 // ends.
 func TestRun(t *testing.T) {

@@ -33,8 +33,9 @@ func (mysqlDialect) purgeQueries(t tableName, _ Config) purgeQueries {
 		stmt := fmt.Sprintf("DELETE FROM %s WHERE %s%s ORDER BY processed_at LIMIT ?", table, expired, scopeFilter(s, question, 2))
 		if timeout > 0 && mariaDB {
 			// MariaDB can scope a time limit to one statement; a lock wait
-			// counts towards it.
-			stmt = fmt.Sprintf("SET STATEMENT max_statement_time=%s FOR %s", strconv.FormatFloat(timeout.Seconds(), 'f', 3, 64), stmt)
+			// counts towards it. Milliseconds at least: 0.000 is no limit.
+			secs := max(timeout, time.Millisecond).Seconds()
+			stmt = fmt.Sprintf("SET STATEMENT max_statement_time=%s FOR %s", strconv.FormatFloat(secs, 'f', 3, 64), stmt)
 		}
 		return stmt
 	}
