@@ -29,6 +29,13 @@ type Config struct {
 	// Watermill handler name of each message.
 	Consumer string
 
+	// ShareConsumer lets one fixed Consumer be reached from several handler
+	// names, which then share one claim per event: each event runs in only
+	// one of them, whichever claims it first. Defaults to false: a fixed
+	// Consumer serves the first handler name it meets, and the messages of
+	// any other fail with ErrMiswired.
+	ShareConsumer bool
+
 	// EventID extracts the event id. Defaults to DefaultEventID: the
 	// "event_id" metadata value, else msg.UUID.
 	EventID EventIDFunc
@@ -81,8 +88,10 @@ type Config struct {
 	// Defaults to StaleProcess: processed, with a logged warning.
 	StaleEvents StalePolicy
 
-	// Logger receives a debug line per duplicate and errors from AfterCommit
-	// hooks. Defaults to watermill.NopLogger.
+	// Logger receives a debug line per duplicate, errors from AfterCommit
+	// hooks, and the wiring mistakes only visible at run time (a handler
+	// that succeeds without TxFromContext, a PoisonQueue inside the inbox).
+	// Pass the router's logger to see them. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
 
@@ -130,9 +139,16 @@ func (c Config) validate() error {
 
 // NewMiddleware returns the inbox middleware: each message is claimed in the
 // inbox table and handled in the same transaction, so its effect commits
-// exactly once however often it is delivered. Add it to a router
-// (router.AddMiddleware) or to single handlers (handler.AddMiddleware), inside
-// Recoverer, PoisonQueue and Retry: each retry must open a new transaction.
+// exactly once however often it is delivered.
+//
+// It must be the innermost middleware, inside Recoverer, PoisonQueue and
+// Retry: each retry must open a new transaction, and a failed attempt must
+// roll back. Wrapping the handler function with [Handler] or
+// [ConsumerHandler] makes it innermost whatever else is added. Added with
+// [message.Router.AddMiddleware] or [message.Handler.AddMiddleware], it takes
+// its place in one list that Watermill keeps for both, in the order of the
+// calls, the first outermost: add it last, after every router-level
+// middleware, even those added after the handler.
 func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	config.setDefaults()
 	if err := config.validate(); err != nil {
@@ -149,6 +165,8 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 		Publisher: config.ProducedPublisher,
 		Observe:   observe(config.Observer),
 		Logger:    config.Logger,
+
+		ShareConsumer: config.ShareConsumer,
 
 		OnIDReuse:   int(config.OnIDReuse),
 		MaxEventAge: config.MaxEventAge,

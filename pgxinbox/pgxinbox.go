@@ -66,6 +66,11 @@ type Config struct {
 	// each message.
 	Consumer string
 
+	// ShareConsumer lets one fixed Consumer be reached from several handler
+	// names, as in inbox.Config. Defaults to false: the messages of a
+	// second handler name fail with inbox.ErrMiswired.
+	ShareConsumer bool
+
 	// EventID extracts the event id. Defaults to inbox.DefaultEventID.
 	EventID inbox.EventIDFunc
 
@@ -102,14 +107,17 @@ type Config struct {
 	EventTime   inbox.EventTimeFunc
 	StaleEvents inbox.StalePolicy
 
-	// Logger receives a debug line per duplicate and errors from AfterCommit
-	// hooks. Defaults to watermill.NopLogger.
+	// Logger receives a debug line per duplicate, errors from AfterCommit
+	// hooks and the wiring mistakes seen at run time, as in inbox.Config.
+	// Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
 
 // NewMiddleware returns the inbox middleware on pgx: each message is claimed
 // and handled in one pgx transaction, which the handler gets from
-// TxFromContext.
+// TxFromContext. Wrap handler functions with it through inbox.Handler or
+// inbox.ConsumerHandler, which keep it innermost; its order rules are those
+// of inbox.NewMiddleware.
 func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	if config.EventID == nil {
 		config.EventID = inbox.DefaultEventID
@@ -158,6 +166,8 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 		Publisher: config.ProducedPublisher,
 		Logger:    config.Logger,
 
+		ShareConsumer: config.ShareConsumer,
+
 		MaxEventAge: config.MaxEventAge,
 		EventTime:   config.EventTime,
 		StaleEvents: int(config.StaleEvents),
@@ -188,5 +198,8 @@ func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
 		return nil, false
 	}
 	tx, ok = s.Tx.(pgx.Tx)
+	if ok {
+		s.MarkTxTaken()
+	}
 	return tx, ok
 }

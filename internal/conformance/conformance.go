@@ -304,9 +304,9 @@ func pubsub() *gochannel.GoChannel {
 	return gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 }
 
-// runRouter starts a router configured by add and stops it when the test
+// RunRouter starts a router configured by add and stops it when the test
 // ends.
-func runRouter(t *testing.T, add func(r *message.Router)) {
+func RunRouter(t *testing.T, add func(r *message.Router)) {
 	t.Helper()
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
