@@ -94,21 +94,7 @@ func (w *wiring) publish(t *testing.T, topic string, ids ...string) {
 	for _, id := range ids {
 		msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 		msg.Metadata.Set(inbox.DefaultEventIDMetadataKey, id)
-		w.send(t, topic, msg)
-	}
-}
-
-// send publishes msg and fails the test if it is not acked in time: a
-// message nacked forever is a hot loop.
-func (w *wiring) send(t *testing.T, topic string, msg *message.Message) {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- w.ps.Publish(topic, msg) }()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(20 * time.Second):
-		t.Fatalf("message %s on %q was never acked: redelivered in a loop", msg.Metadata.Get(inbox.DefaultEventIDMetadataKey), topic)
+		conformance.PublishWithin(t, w.ps, topic, msg)
 	}
 }
 
@@ -271,22 +257,10 @@ func TestPoisonQueueInsideTheInbox(t *testing.T) {
 			w := newWiring(t)
 			pq, err := middleware.PoisonQueue(w.ps, "poison")
 			require.NoError(t, err)
-			// A plain subscriber, outside the router and its inbox: inside,
-			// its claim would wait for SQLite's write lock, held by the
-			// transaction whose PoisonQueue is publishing to it.
-			poison, err := w.ps.Subscribe(context.Background(), "poison")
-			require.NoError(t, err)
-			var poisoned []*message.Message
-			var mu sync.Mutex
-			go func() {
-				for msg := range poison {
-					mu.Lock()
-					poisoned = append(poisoned, msg)
-					mu.Unlock()
-					msg.Ack()
-				}
-			}()
-			t.Cleanup(func() { _ = w.ps.Close() })
+			// Collected outside the router and its inbox: inside, the
+			// collector's claim would wait for SQLite's write lock, held by
+			// the transaction whose PoisonQueue is publishing to it.
+			poisoned := conformance.Collect(t, w.ps, "poison")
 			conformance.RunRouter(t, func(r *message.Router) {
 				mw := w.middleware(t, inbox.Config{})
 				h := w.handler(failFirst(1))
@@ -301,10 +275,9 @@ func TestPoisonQueueInsideTheInbox(t *testing.T) {
 			w.publish(t, "events", "a")
 			require.Zero(t, w.effects(t), "the failed attempt's write")
 			require.Zero(t, w.claims(t))
-			mu.Lock()
-			require.Len(t, poisoned, 1)
-			replay := poisoned[0].Copy()
-			mu.Unlock()
+			copies := poisoned()
+			require.Len(t, copies, 1)
+			replay := copies[0].Copy()
 			logs := w.errorLogs()
 			if tc.inside {
 				require.Len(t, logs, 1)
@@ -316,7 +289,7 @@ func TestPoisonQueueInsideTheInbox(t *testing.T) {
 			}
 
 			// An operator replays the event from the poison queue.
-			w.send(t, "events", replay)
+			conformance.PublishWithin(t, w.ps, "events", replay)
 			require.Equal(t, 1, w.effects(t))
 			require.Equal(t, 1, w.claims(t))
 			require.Equal(t, 2, w.attemptsOf("billing/a"))

@@ -108,6 +108,9 @@ func Run(t *testing.T, target Target) {
 		{"IDReuseLegacyRows", testIDReuseLegacyRows},
 		{"StaleEvents", testStaleEvents},
 		{"OldestClaim", testOldestClaim},
+		{"RetryInsideAfterStatementError", testRetryInsideAfterStatementError},
+		{"PoisonQueueInsideAfterStatementError", testPoisonQueueInsideAfterStatementError},
+		{"UnusedTxReported", testUnusedTxReported},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
