@@ -137,7 +137,7 @@ func TestMiddlewareOrders(t *testing.T) {
 		name   string
 		fail   func(int) error
 		events int
-		wire   func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc)
+		wire   func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc)
 		// effects committed, and claims (one per event in every case).
 		effects int
 	}{
@@ -145,15 +145,16 @@ func TestMiddlewareOrders(t *testing.T) {
 			// One transaction shared by the three attempts: the two failed
 			// attempts' writes commit with the third.
 			name: "Recoverer, inbox, Retry", fail: failFirst(2), events: 1, effects: 3,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
 				r.AddMiddleware(middleware.Recoverer, mw, retry())
 				r.AddHandler("billing", "events", sub, "", nil, h)
 			},
 		},
 		{
-			name: "Recoverer, Retry, inbox (router)", fail: failFirst(2), events: 1, effects: 1,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
-				r.AddMiddleware(middleware.Recoverer, retry(), mw)
+			name: "Recoverer, PoisonQueue, Retry, inbox (router)", fail: failFirst(2), events: 1, effects: 1,
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
+				pq, _ := middleware.PoisonQueue(sub, "poison") // fails only for an empty topic
+				r.AddMiddleware(middleware.Recoverer, pq, retry(), mw)
 				r.AddHandler("billing", "events", sub, "", nil, h)
 			},
 		},
@@ -162,35 +163,35 @@ func TestMiddlewareOrders(t *testing.T) {
 			// one list, in call order: a Retry added to the router after the
 			// handler got the inbox lands inside it.
 			name: "handler.AddMiddleware(inbox), then router.AddMiddleware(Retry)", fail: failFirst(2), events: 1, effects: 3,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
 				r.AddHandler("billing", "events", sub, "", nil, h).AddMiddleware(mw)
 				r.AddMiddleware(middleware.Recoverer, retry())
 			},
 		},
 		{
 			name: "router.AddMiddleware(Retry), then handler.AddMiddleware(inbox)", fail: failFirst(2), events: 1, effects: 1,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
 				r.AddMiddleware(middleware.Recoverer, retry())
 				r.AddHandler("billing", "events", sub, "", nil, h).AddMiddleware(mw)
 			},
 		},
 		{
 			name: "inbox.Handler, then router.AddMiddleware(Retry)", fail: failFirst(2), events: 1, effects: 1,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
 				r.AddHandler("billing", "events", sub, "", nil, inbox.Handler(mw, h))
 				r.AddMiddleware(middleware.Recoverer, retry())
 			},
 		},
 		{
 			name: "inbox.Handler, handler.AddMiddleware(Retry)", fail: failFirst(2), events: 1, effects: 1,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
 				r.AddHandler("billing", "events", sub, "", nil, inbox.Handler(mw, h)).AddMiddleware(middleware.Recoverer, retry())
 			},
 		},
 		{
 			// Every handler call commits in the message's one transaction.
 			name: "inbox, Duplicator", events: 5, effects: 10,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
 				r.AddMiddleware(mw, middleware.Duplicator)
 				r.AddHandler("billing", "events", sub, "", nil, h)
 			},
@@ -198,7 +199,7 @@ func TestMiddlewareOrders(t *testing.T) {
 		{
 			// Outside, the second call is a duplicate.
 			name: "Duplicator, inbox.Handler", events: 5, effects: 5,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
 				r.AddMiddleware(middleware.Duplicator)
 				r.AddHandler("billing", "events", sub, "", nil, inbox.Handler(mw, h))
 			},
@@ -207,7 +208,7 @@ func TestMiddlewareOrders(t *testing.T) {
 			// The failed attempt's write commits with the claim; the event
 			// is never processed again.
 			name: "inbox, IgnoreErrors", fail: func(int) error { return ignored }, events: 1, effects: 1,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
 				r.AddMiddleware(mw, middleware.NewIgnoreErrors([]error{ignored}).Middleware)
 				r.AddHandler("billing", "events", sub, "", nil, h)
 			},
@@ -215,7 +216,7 @@ func TestMiddlewareOrders(t *testing.T) {
 		{
 			// Outside, the ignored error still rolls the attempt back.
 			name: "IgnoreErrors, inbox.Handler", fail: func(int) error { return ignored }, events: 1, effects: 0,
-			wire: func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, h message.HandlerFunc) {
+			wire: func(r *message.Router, mw message.HandlerMiddleware, sub *gochannel.GoChannel, h message.HandlerFunc) {
 				r.AddMiddleware(middleware.NewIgnoreErrors([]error{ignored}).Middleware)
 				r.AddHandler("billing", "events", sub, "", nil, inbox.Handler(mw, h))
 			},

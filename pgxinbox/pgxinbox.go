@@ -8,17 +8,18 @@
 //	store, err := sqlinbox.NewPgx(pool, sqlinbox.Config{})
 //	err = store.CreateSchema(ctx)
 //	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store})
-//	router.AddMiddleware(middleware.Recoverer, mw)
+//	router.AddMiddleware(middleware.Recoverer)
+//	router.AddConsumerHandler("invoicing", "orders", sub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
+//		tx, _ := pgxinbox.TxFromContext(msg.Context())
+//		_, err := tx.Exec(msg.Context(), `INSERT INTO invoices ...`)
+//		return err
+//	}))
 //
-// and in a handler:
-//
-//	tx, _ := pgxinbox.TxFromContext(msg.Context())
-//	_, err := tx.Exec(msg.Context(), `INSERT INTO invoices ...`)
-//
-// inbox.EventIDFromContext and inbox.AfterCommit work here as they do
-// behind inbox.NewMiddleware. For an outbox in the same transaction, give
-// watermill-sql v4 the transaction: sql.NewPublisher(sql.TxFromPgx(tx), ...),
-// or set Config.ProducedPublisher.
+// inbox.ConsumerHandler and inbox.Handler keep the inbox innermost, and
+// inbox.EventIDFromContext, inbox.AfterCommit and inbox.TxNotNeeded work here
+// as they do behind inbox.NewMiddleware. For an outbox in the same
+// transaction, give watermill-sql v4 the transaction:
+// wsql.NewPublisher(wsql.TxFromPgx(tx), ...), or set Config.ProducedPublisher.
 package pgxinbox
 
 import (
@@ -81,7 +82,7 @@ type Config struct {
 	// ProducedPublisher, when set, publishes the messages the handler
 	// returns inside the inbox transaction, through the publisher it builds
 	// for tx (typically watermill-sql v4's
-	// sql.NewPublisher(sql.TxFromPgx(tx), ...)). Defaults to nil: the router
+	// wsql.NewPublisher(wsql.TxFromPgx(tx), ...)). Defaults to nil: the router
 	// publishes them after the commit, and loses them if that publish fails.
 	ProducedPublisher func(tx pgx.Tx) (message.Publisher, error)
 
