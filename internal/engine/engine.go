@@ -134,7 +134,8 @@ type Engine[T any] struct {
 	ShareConsumer bool
 
 	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
-	txUse        sync.Map               // consumer -> txUse, for reportUnusedTx
+	txUseMu      sync.RWMutex
+	txUse        map[string]txUse // per consumer, for reportUnusedTx
 }
 
 // Middleware wraps h.

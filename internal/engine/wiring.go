@@ -30,7 +30,8 @@ func (e *Engine[T]) checkWiring(msg *message.Message, consumer string) error {
 	}
 	first := e.fixedHandler.Load()
 	if first == nil {
-		e.fixedHandler.CompareAndSwap(nil, &name)
+		claimed := name // only this copy escapes: no allocation per message
+		e.fixedHandler.CompareAndSwap(nil, &claimed)
 		first = e.fixedHandler.Load()
 	}
 	if *first != name {
@@ -77,18 +78,31 @@ const (
 // reported, so that a handler which skips events it does not care about is
 // not taken for a miswired one.
 func (e *Engine[T]) reportUnusedTx(s *Session) {
-	if s.txTaken.Load() {
-		if v, ok := e.txUse.Load(s.Consumer); !ok || v != txUsed {
-			e.txUse.Store(s.Consumer, txUsed)
-		}
-		return
-	}
 	if s.txNotNeeded.Load() {
 		return
 	}
-	if _, seen := e.txUse.LoadOrStore(s.Consumer, txUnusedReported); seen {
+	// A map under a read lock rather than a sync.Map, whose any keys would
+	// cost an allocation per message.
+	taken := s.txTaken.Load()
+	e.txUseMu.RLock()
+	use := e.txUse[s.Consumer]
+	e.txUseMu.RUnlock()
+	if use == txUsed || (use == txUnusedReported && !taken) {
 		return
 	}
+	e.txUseMu.Lock()
+	defer e.txUseMu.Unlock()
+	if e.txUse == nil {
+		e.txUse = map[string]txUse{}
+	}
+	if taken {
+		e.txUse[s.Consumer] = txUsed
+		return
+	}
+	if e.txUse[s.Consumer] != 0 {
+		return
+	}
+	e.txUse[s.Consumer] = txUnusedReported
 	e.Logger.Error("Inbox: the handler succeeded without taking the inbox transaction, so none of its SQL writes commit with the claim: after a crash its redelivery is acked as a duplicate and a write made elsewhere is lost or doubled. Write through inbox.TxFromContext(msg.Context()) (pgxinbox.TxFromContext with pgx), not through the *sql.DB or another transaction (watermill-sql's subscriber's); if the handler deliberately writes nothing in SQL, call inbox.TxNotNeeded(msg.Context()) in it. Logged once per consumer", ErrMiswired, watermill.LogFields{
 		"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": s.msg.UUID,
 	})
