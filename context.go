@@ -14,7 +14,7 @@ import (
 // whose transaction pgxinbox.TxFromContext returns. Do not commit or roll back
 // the transaction yourself, return an error from the handler instead. A
 // handler that succeeds without calling it is reported once per consumer
-// (see TxNotNeeded).
+// (see [TxNotNeeded]).
 func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 	s := engine.SessionFrom(ctx)
 	if s == nil {
@@ -29,9 +29,9 @@ func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 
 // TxNotNeeded declares that the handler of the message whose context is ctx
 // deliberately writes nothing in SQL for it: its only effect is an
-// AfterCommit hook, or it ignores this event. The middleware then does not
-// report it for succeeding without TxFromContext, which otherwise means
-// writes that go around the claim (see Config.Logger). Outside an inbox
+// [AfterCommit] hook, or it ignores this event. The middleware then does not
+// report it for succeeding without [TxFromContext], which otherwise means
+// writes that go around the claim (see [Config].Logger). Outside an inbox
 // transaction it does nothing.
 func TxNotNeeded(ctx context.Context) {
 	if s := engine.SessionFrom(ctx); s != nil {

@@ -46,8 +46,8 @@ var (
 
 	// ErrMiswired means the middleware is wired so that it cannot keep its
 	// guarantee: one fixed Config.Consumer reached from two handler names
-	// (see Config.ShareConsumer), the inbox applied twice to one handler,
-	// Handler given another middleware, or a handler called twice in one
+	// (see [Config].ShareConsumer), the inbox applied twice to one handler,
+	// [Handler] given another middleware, or a handler called twice in one
 	// transaction. The wrapping error says which and what to do;
 	// redelivering cannot help until the wiring is fixed.
 	ErrMiswired = engine.ErrMiswired

@@ -8,7 +8,7 @@ import (
 	"github.com/watermill-inbox/inbox/internal/engine"
 )
 
-// Handler wraps h in the inbox middleware mw (from NewMiddleware or
+// Handler wraps h in the inbox middleware mw (from [NewMiddleware] or
 // pgxinbox.NewMiddleware), for [message.Router.AddHandler]. The inbox is then
 // the innermost layer by construction: every middleware added to the router
 // or to the handler, in any order, wraps it from outside, so a Retry gets a
@@ -16,7 +16,7 @@ import (
 // [message.Router.AddMiddleware] instead, the inbox is only as inner as the
 // order of the calls makes it.
 //
-// The returned function refuses, with ErrMiswired, to call h outside an inbox
+// The returned function refuses, with [ErrMiswired], to call h outside an inbox
 // transaction (mw is not the inbox) or twice in one transaction.
 func Handler(mw message.HandlerMiddleware, h message.HandlerFunc) message.HandlerFunc {
 	return mw(func(msg *message.Message) ([]*message.Message, error) {
@@ -31,7 +31,7 @@ func Handler(mw message.HandlerMiddleware, h message.HandlerFunc) message.Handle
 	})
 }
 
-// ConsumerHandler is Handler for [message.Router.AddConsumerHandler], whose
+// ConsumerHandler is [Handler] for [message.Router.AddConsumerHandler], whose
 // handlers return no messages.
 func ConsumerHandler(mw message.HandlerMiddleware, h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
 	wrapped := Handler(mw, func(msg *message.Message) ([]*message.Message, error) {

@@ -33,7 +33,7 @@ type Config struct {
 	// names, which then share one claim per event: each event runs in only
 	// one of them, whichever claims it first. Defaults to false: a fixed
 	// Consumer serves the first handler name it meets, and the messages of
-	// any other fail with ErrMiswired.
+	// any other fail with [ErrMiswired].
 	ShareConsumer bool
 
 	// EventID extracts the event id. Defaults to DefaultEventID: the
@@ -90,7 +90,7 @@ type Config struct {
 
 	// Logger receives a debug line per duplicate, errors from AfterCommit
 	// hooks, and the wiring mistakes only visible at run time (a handler
-	// that succeeds without TxFromContext, a PoisonQueue inside the inbox).
+	// that succeeds without [TxFromContext], a PoisonQueue inside the inbox).
 	// Pass the router's logger to see them. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
