@@ -355,58 +355,6 @@ func (p countingPublisher) Publish(_ string, msgs ...*message.Message) error {
 }
 func (countingPublisher) Close() error { return nil }
 
-// errorsTo acks every message and records the errors behind it, so that a
-// test can look at an error a router would otherwise redeliver in a loop.
-func errorsTo(errs chan<- error) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			if _, err := h(msg); err != nil {
-				errs <- err
-			}
-			return nil, nil
-		}
-	}
-}
-
-// One fixed consumer reached from two handler names: the second handler's
-// messages fail, because the two would share one claim per event; sharing is
-// allowed when asked for, and then each event runs in one of them.
-func TestFixedConsumerFromTwoHandlers(t *testing.T) {
-	t.Parallel()
-	for _, share := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ShareConsumer=%v", share), func(t *testing.T) {
-			t.Parallel()
-			w := newWiring(t)
-			errs := make(chan error, 10)
-			conformance.RunRouter(t, func(r *message.Router) {
-				r.AddMiddleware(errorsTo(errs), w.middleware(t, inbox.Config{Consumer: "billing", ShareConsumer: share}))
-				r.AddHandler("invoicing", "orders", w.ps, "", nil, w.handler(nil))
-				r.AddHandler("analytics", "clicks", w.ps, "", nil, w.handler(nil))
-			})
-			w.publish(t, "orders", "order-1")
-			w.publish(t, "clicks", "click-1", "order-1")
-			close(errs)
-			var got []error
-			for err := range errs {
-				got = append(got, err)
-			}
-			if share {
-				require.Empty(t, got)
-				// order-1 reached analytics too, and was its duplicate.
-				require.Equal(t, 2, w.effects(t))
-				return
-			}
-			require.Len(t, got, 2)
-			for _, err := range got {
-				require.ErrorIs(t, err, inbox.ErrMiswired)
-				require.ErrorContains(t, err, `handlers "invoicing" and "analytics" both reach the fixed consumer "billing"`)
-			}
-			require.Equal(t, 1, w.effects(t))
-			require.Equal(t, 1, w.claims(t))
-		})
-	}
-}
-
 // The inbox on the router and around the handler function: the message is
 // refused before any SQL, where the inner claim would wait on the outer one.
 func TestInboxAppliedTwice(t *testing.T) {
@@ -416,7 +364,7 @@ func TestInboxAppliedTwice(t *testing.T) {
 	var called atomic.Bool
 	conformance.RunRouter(t, func(r *message.Router) {
 		mw := w.middleware(t, inbox.Config{})
-		r.AddMiddleware(errorsTo(errs), mw)
+		r.AddMiddleware(conformance.ErrorsTo(errs), mw)
 		r.AddConsumerHandler("billing", "events", w.ps, inbox.ConsumerHandler(mw, func(*message.Message) error {
 			called.Store(true)
 			return nil

@@ -111,6 +111,7 @@ func Run(t *testing.T, target Target) {
 		{"RetryInsideAfterStatementError", testRetryInsideAfterStatementError},
 		{"PoisonQueueInsideAfterStatementError", testPoisonQueueInsideAfterStatementError},
 		{"UnusedTxReported", testUnusedTxReported},
+		{"FixedConsumerFromTwoHandlers", testFixedConsumerFromTwoHandlers},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,6 +123,57 @@ func testUnusedTxReported(t *testing.T, target Target) {
 	require.Len(t, logs, 1)
 	require.ErrorIs(t, logs[0].Err, inbox.ErrMiswired)
 	require.Equal(t, "skips", logs[0].Fields["consumer"])
+}
+
+// One fixed consumer reached from two handler names: the second handler's
+// messages fail, because the two would share one claim per event; sharing is
+// allowed when asked for, and then each event runs in one of them.
+func testFixedConsumerFromTwoHandlers(t *testing.T, target Target) {
+	for _, share := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ShareConsumer=%v", share), func(t *testing.T) {
+			b := setup(t, target)
+			ps := pubsub()
+			errs := make(chan error, 10)
+			RunRouter(t, func(r *message.Router) {
+				r.AddMiddleware(ErrorsTo(errs), b.middleware(t, inbox.Config{Consumer: "billing", ShareConsumer: share}))
+				r.AddHandler("invoicing", "orders", ps, "", nil, b.handler(nil))
+				r.AddHandler("analytics", "clicks", ps, "", nil, b.handler(nil))
+			})
+			publish(t, ps, "orders", newMsg("order-1"))
+			publish(t, ps, "clicks", newMsg("click-1"), newMsg("order-1"))
+			close(errs)
+			var got []error
+			for err := range errs {
+				got = append(got, err)
+			}
+			if share {
+				require.Empty(t, got)
+				// order-1 reached analytics too, and was its duplicate.
+				require.Equal(t, once("billing", "order-1", "click-1"), b.effectCounts(t))
+				return
+			}
+			require.Len(t, got, 2)
+			for _, err := range got {
+				require.ErrorIs(t, err, inbox.ErrMiswired)
+				require.ErrorContains(t, err, `handlers "invoicing" and "analytics" both reach the fixed consumer "billing"`)
+			}
+			require.Equal(t, once("billing", "order-1"), b.effectCounts(t))
+			require.Equal(t, 1, b.claims(t))
+		})
+	}
+}
+
+// ErrorsTo acks every message and sends the error behind it to errs, so that
+// a test can look at an error a router would otherwise redeliver in a loop.
+func ErrorsTo(errs chan<- error) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			if _, err := h(msg); err != nil {
+				errs <- err
+			}
+			return nil, nil
+		}
+	}
 }
 
 // Collect acks every message on topic, outside any router, and returns a
