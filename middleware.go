@@ -23,10 +23,11 @@ type Config struct {
 
 	// Consumer scopes the claims: each consumer processes each event once,
 	// so several handlers can share one inbox table. Printable UTF-8, at most
-	// MaxConsumerLength bytes. Set it when one logical consumer has several
-	// handler names, or when the middleware runs outside a router. Renaming
-	// a consumer makes it process every event again. Defaults to the
-	// Watermill handler name of each message.
+	// MaxConsumerLength bytes. Set it to keep a consumer's claims across a
+	// handler rename, when one logical consumer has several handler names
+	// (with ShareConsumer), or when the middleware runs outside a router.
+	// Renaming a consumer makes it process every event again. Defaults to
+	// the Watermill handler name of each message.
 	Consumer string
 
 	// ShareConsumer lets one fixed Consumer be reached from several handler
