@@ -267,7 +267,7 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	if err != nil {
 		return nil, err
 	}
-	if stop, err := e.checkHandlerCall(s, poisoned); stop {
+	if stop, err := e.checkHandlerCall(s, msg, poisoned); stop {
 		return nil, err
 	}
 	if e.Publisher != nil && len(produced) > 0 {
@@ -283,7 +283,7 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	}
 	committed = true
 	ob.Outcome = OutcomeProcessed
-	e.reportUnusedTx(s)
+	e.reportUnusedTx(s, msg)
 	e.runHooks(ctx, s)
 	return produced, nil
 }

@@ -44,7 +44,7 @@ func (e *Engine[T]) checkWiring(msg *message.Message, consumer string) error {
 // middlewares inside the inbox that repeated or swallowed a handler call;
 // stop means the transaction must not commit, and err is the message's
 // result.
-func (e *Engine[T]) checkHandlerCall(s *Session, poisonedBefore string) (stop bool, err error) {
+func (e *Engine[T]) checkHandlerCall(s *Session, msg *message.Message, poisonedBefore string) (stop bool, err error) {
 	if n := s.calls.Load(); n > 1 {
 		return true, errCalledTwice(s, n)
 	}
@@ -52,9 +52,9 @@ func (e *Engine[T]) checkHandlerCall(s *Session, poisonedBefore string) (stop bo
 	// success: committing would keep the failed attempt's writes and the
 	// claim, and the event could never be replayed from the poison queue.
 	// Rolling back instead is what PoisonQueue outside the inbox does.
-	if reason := s.msg.Metadata.Get(poisonReasonKey); reason != "" && reason != poisonedBefore {
+	if reason := msg.Metadata.Get(poisonReasonKey); reason != "" && reason != poisonedBefore {
 		e.Logger.Error("Inbox: a PoisonQueue middleware inside the inbox took this message; its transaction is rolled back instead of committed, and the message is acked. Put PoisonQueue outside the inbox: wrap the handler with inbox.Handler, or add the inbox last", ErrMiswired, watermill.LogFields{
-			"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": s.msg.UUID, "reason_poisoned": reason,
+			"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": msg.UUID, "reason_poisoned": reason,
 		})
 		return true, nil
 	}
@@ -77,7 +77,7 @@ const (
 // consumer that took the transaction for an earlier message is not
 // reported, so that a handler which skips events it does not care about is
 // not taken for a miswired one.
-func (e *Engine[T]) reportUnusedTx(s *Session) {
+func (e *Engine[T]) reportUnusedTx(s *Session, msg *message.Message) {
 	if s.txNotNeeded.Load() {
 		return
 	}
@@ -104,7 +104,7 @@ func (e *Engine[T]) reportUnusedTx(s *Session) {
 	}
 	e.txUse[s.Consumer] = txUnusedReported
 	e.Logger.Error("Inbox: the handler succeeded without taking the inbox transaction, so none of its SQL writes commit with the claim: after a crash its redelivery is acked as a duplicate and a write made elsewhere is lost or doubled. Write through inbox.TxFromContext(msg.Context()) (pgxinbox.TxFromContext with pgx), not through the *sql.DB or another transaction (watermill-sql's subscriber's); if the handler deliberately writes nothing in SQL, call inbox.TxNotNeeded(msg.Context()) in it. Logged once per consumer", ErrMiswired, watermill.LogFields{
-		"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": s.msg.UUID,
+		"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": msg.UUID,
 	})
 }
 
