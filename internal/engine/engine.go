@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -36,6 +37,7 @@ var (
 	ErrInFlight       = errors.New("inbox: another delivery of this event is still being processed; retry later")
 	ErrEventIDReused  = errors.New("inbox: event id reused for a different event")
 	ErrStaleEvent     = errors.New("inbox: event is older than MaxEventAge")
+	ErrMiswired       = errors.New("inbox: middleware miswired")
 )
 
 // MaxFingerprintLength is inbox.MaxFingerprintLength.
@@ -127,6 +129,13 @@ type Engine[T any] struct {
 	MaxEventAge time.Duration
 	EventTime   func(msg *message.Message) (time.Time, bool)
 	StaleEvents int
+
+	// ShareConsumer lets a fixed Consumer serve several handler names.
+	ShareConsumer bool
+
+	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
+	txUseMu      sync.RWMutex
+	txUse        map[string]txUse // per consumer, for reportUnusedTx
 }
 
 // Middleware wraps h.
@@ -175,6 +184,10 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		return nil, err
 	}
 	ob.Consumer = consumer
+	if err := e.checkWiring(msg, consumer); err != nil {
+		ob.Outcome = OutcomeClaimFailed
+		return nil, err
+	}
 	eventID, err := e.eventID(msg)
 	if err != nil {
 		ob.Outcome = OutcomeMissingID
@@ -234,7 +247,7 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		return nil, nil
 	}
 
-	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID}
+	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID, msg: msg}
 	msg.SetContext(context.WithValue(ctx, sessionKey{}, s))
 	defer msg.SetContext(ctx)
 	committed := false
@@ -249,11 +262,16 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	}()
 
 	ob.Outcome = OutcomeRolledBack
+	poisoned := msg.Metadata.Get(poisonReasonKey)
 	produced, err := h(msg)
 	if err != nil {
 		return nil, err
 	}
+	if stop, err := e.checkHandlerCall(s, msg, poisoned); stop {
+		return nil, err
+	}
 	if e.Publisher != nil && len(produced) > 0 {
+		s.MarkTxTaken()
 		if err := e.publishInTx(ctx, tx, produced); err != nil {
 			return nil, err
 		}
@@ -265,6 +283,7 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	}
 	committed = true
 	ob.Outcome = OutcomeProcessed
+	e.reportUnusedTx(s, msg)
 	e.runHooks(ctx, s)
 	return produced, nil
 }
@@ -387,6 +406,11 @@ type Session struct {
 
 	mu    sync.Mutex
 	hooks []func(context.Context) error
+
+	msg         *message.Message // the message the session was opened for
+	txTaken     atomic.Bool      // the handler asked for Tx
+	txNotNeeded atomic.Bool      // the handler declared it writes nothing in SQL
+	calls       atomic.Int32     // handler calls through inbox.Handler
 }
 
 type sessionKey struct{}
