@@ -12,14 +12,31 @@ import (
 // or not at all. Call it with msg.Context() inside a handler behind the inbox
 // middleware; ok is false anywhere else, and behind the native pgx middleware,
 // whose transaction pgxinbox.TxFromContext returns. Do not commit or roll back
-// the transaction yourself, return an error from the handler instead.
+// the transaction yourself, return an error from the handler instead. A
+// handler that succeeds without calling it is reported once per consumer
+// (see [TxNotNeeded]).
 func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 	s := engine.SessionFrom(ctx)
 	if s == nil {
 		return nil, false
 	}
 	tx, ok = s.Tx.(*sql.Tx)
+	if ok {
+		s.MarkTxTaken()
+	}
 	return tx, ok
+}
+
+// TxNotNeeded declares that the handler of the message whose context is ctx
+// deliberately writes nothing in SQL for it: its only effect is an
+// [AfterCommit] hook, or it ignores this event. The middleware then does not
+// report it for succeeding without [TxFromContext], which otherwise means
+// writes that go around the claim (see [Config].Logger). Outside an inbox
+// transaction it does nothing.
+func TxNotNeeded(ctx context.Context) {
+	if s := engine.SessionFrom(ctx); s != nil {
+		s.MarkTxNotNeeded()
+	}
 }
 
 // EventIDFromContext returns the event id and consumer of the message being

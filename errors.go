@@ -44,6 +44,14 @@ var (
 	// unnoticed. Only StaleReject returns it.
 	ErrStaleEvent = engine.ErrStaleEvent
 
+	// ErrMiswired means the middleware is wired so that it cannot keep its
+	// guarantee: one fixed Config.Consumer reached from two handler names
+	// (see [Config].ShareConsumer), the inbox applied twice to one handler,
+	// [Handler] given another middleware, or a handler called twice in one
+	// transaction. The wrapping error says which and what to do;
+	// redelivering cannot help until the wiring is fixed.
+	ErrMiswired = engine.ErrMiswired
+
 	// ErrNotInInbox is returned by AfterCommit when the context does not come
 	// from a message handled by the inbox middleware.
 	ErrNotInInbox = errors.New("inbox: context is not inside an inbox transaction")

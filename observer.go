@@ -23,7 +23,8 @@ const (
 	// the store's claim timeout (ErrInFlight); the message is retried.
 	OutcomeInFlight Outcome = "in_flight"
 	// OutcomeClaimFailed: the claim could not be made (database down,
-	// table missing); nothing ran.
+	// table missing) or the middleware refused a miswired message
+	// (ErrMiswired); nothing ran.
 	OutcomeClaimFailed Outcome = "claim_failed"
 	// OutcomeRolledBack: the handler returned an error, panicked, or the
 	// in-transaction publish failed; its writes and the claim rolled back.

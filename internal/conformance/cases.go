@@ -25,7 +25,7 @@ import (
 func testEachEventHasOneEffect(t *testing.T, target Target) {
 	b := setup(t, target)
 	ps := pubsub()
-	runRouter(t, func(r *message.Router) {
+	RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(b.middleware(t, inbox.Config{}))
 		r.AddConsumerHandler("billing", "events", ps, message.NoPublishHandlerFunc(func(msg *message.Message) error {
 			return b.writeEffect(msg)
@@ -69,7 +69,7 @@ func testRacingRoutersOneWinner(t *testing.T, target Target) {
 	var processed atomic.Int64
 	for i := range 2 {
 		mw, _ := b.freshMiddleware(t, inbox.Config{Consumer: "billing"})
-		runRouter(t, func(r *message.Router) {
+		RunRouter(t, func(r *message.Router) {
 			r.AddMiddleware(mw)
 			r.AddConsumerHandler(fmt.Sprintf("router-%d", i), "events", ps, message.NoPublishHandlerFunc(func(msg *message.Message) error {
 				processed.Add(1)
@@ -127,7 +127,7 @@ func testHandlerErrorRollsBack(t *testing.T, target Target) {
 	b := setup(t, target)
 	ps := pubsub()
 	boom := errors.New("boom")
-	runRouter(t, func(r *message.Router) {
+	RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(b.middleware(t, inbox.Config{}))
 		r.AddConsumerHandler("billing", "events", ps, func(msg *message.Message) error {
 			_, err := b.handler(func(_ string, attempt int) error {
@@ -179,7 +179,7 @@ func testHandlerPanicRollsBack(t *testing.T, target Target) {
 func testPanicUnderRecovererIsRedelivered(t *testing.T, target Target) {
 	b := setup(t, target)
 	ps := pubsub()
-	runRouter(t, func(r *message.Router) {
+	RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(middleware.Recoverer, b.middleware(t, inbox.Config{}))
 		r.AddConsumerHandler("billing", "events", ps, func(msg *message.Message) error {
 			_, err := b.handler(func(_ string, attempt int) error {
@@ -201,7 +201,7 @@ func testPanicUnderRecovererIsRedelivered(t *testing.T, target Target) {
 func testConsumersAreIndependent(t *testing.T, target Target) {
 	b := setup(t, target)
 	ps := pubsub()
-	runRouter(t, func(r *message.Router) {
+	RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(b.middleware(t, inbox.Config{}))
 		for _, name := range []string{"invoicing", "analytics"} {
 			r.AddConsumerHandler(name, "events", ps, message.NoPublishHandlerFunc(func(msg *message.Message) error {

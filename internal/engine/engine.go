@@ -15,6 +15,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -37,6 +38,7 @@ var (
 	ErrInFlight       = errors.New("inbox: another delivery of this event is still being processed; retry later")
 	ErrEventIDReused  = errors.New("inbox: event id reused for a different event")
 	ErrStaleEvent     = errors.New("inbox: event is older than MaxEventAge")
+	ErrMiswired       = errors.New("inbox: middleware miswired")
 	ErrTxEnded        = errors.New("inbox: the inbox transaction has already ended, so this AfterCommit hook would never run; register hooks before the handler returns")
 )
 
@@ -132,6 +134,13 @@ type Engine[T any] struct {
 	MaxEventAge time.Duration
 	EventTime   func(msg *message.Message) (time.Time, bool)
 	StaleEvents int
+
+	// ShareConsumer lets a fixed Consumer serve several handler names.
+	ShareConsumer bool
+
+	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
+	txUseMu      sync.RWMutex
+	txUse        map[string]txUse // per consumer, for reportUnusedTx
 }
 
 // Middleware wraps h.
@@ -180,6 +189,10 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		return nil, err
 	}
 	ob.Consumer = consumer
+	if err := e.checkWiring(msg, consumer); err != nil {
+		ob.Outcome = OutcomeClaimFailed
+		return nil, err
+	}
 	eventID, err := e.eventID(msg)
 	if err != nil {
 		ob.Outcome = OutcomeMissingID
@@ -239,7 +252,7 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		return nil, nil
 	}
 
-	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID}
+	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID, msg: msg}
 	defer s.end()
 	msg.SetContext(context.WithValue(ctx, sessionKey{}, s))
 	defer msg.SetContext(ctx)
@@ -255,11 +268,16 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	}()
 
 	ob.Outcome = OutcomeRolledBack
+	poisoned := msg.Metadata.Get(poisonReasonKey)
 	produced, err := h(msg)
 	if err != nil {
 		return nil, err
 	}
+	if stop, err := e.checkHandlerCall(s, msg, poisoned); stop {
+		return nil, err
+	}
 	if e.Publisher != nil && len(produced) > 0 {
+		s.MarkTxTaken()
 		if err := e.publishInTx(ctx, tx, produced); err != nil {
 			return nil, err
 		}
@@ -271,6 +289,7 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	}
 	committed = true
 	ob.Outcome = OutcomeProcessed
+	e.reportUnusedTx(s, msg)
 	ob.AfterCommitErr = e.runHooks(ctx, s)
 	return produced, nil
 }
@@ -413,6 +432,11 @@ type Session struct {
 	mu    sync.Mutex
 	hooks []func(context.Context) error
 	ended bool
+
+	msg         *message.Message // the message the session was opened for
+	txTaken     atomic.Bool      // the handler asked for Tx
+	txNotNeeded atomic.Bool      // the handler declared it writes nothing in SQL
+	calls       atomic.Int32     // handler calls through inbox.Handler
 }
 
 type sessionKey struct{}
