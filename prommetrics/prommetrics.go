@@ -21,7 +21,8 @@
 // inbox.Config.MaxEventAge rejected or skipped), stale_events_total (every
 // event older than MaxEventAge, those processed under inbox.StaleProcess
 // included: their duplicates may have gone unnoticed), and a claim
-// latency that grows with the inbox table (purge it).
+// latency that grows with the inbox table (purge it). [Rules] holds
+// Prometheus rules for most of these, each alert with a runbook.
 package prommetrics
 
 import (
@@ -183,6 +184,11 @@ const OldestTimeout = 5 * time.Second
 // does not run or cannot keep up. An empty table has no sample; a failed
 // query fails the scrape of this metric, with the error. Call it once per
 // table.
+//
+// Serve the registry with promhttp.HandlerOpts{ErrorHandling:
+// promhttp.ContinueOnError}: under the default, HTTPErrorOnError, a failed
+// query fails the whole scrape, so a database outage also hides the claim
+// failures that would have raised an alert.
 func (m *Metrics) WatchOldest(store OldestClaimer) error {
 	c := &oldestCollector{
 		store: store,
