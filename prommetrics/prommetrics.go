@@ -23,7 +23,8 @@
 // included: their duplicates may have gone unnoticed),
 // after_commit_failures_total (inbox.AfterCommit hooks that failed or
 // panicked: their effects are lost), and a claim latency that grows with
-// the inbox table (purge it).
+// the inbox table (purge it). [Rules] holds Prometheus rules for most of
+// these, each alert with a runbook.
 package prommetrics
 
 import (
@@ -194,6 +195,11 @@ const OldestTimeout = 5 * time.Second
 // does not run or cannot keep up. An empty table has no sample; a failed
 // query fails the scrape of this metric, with the error. Call it once per
 // table.
+//
+// Serve the registry with promhttp.HandlerOpts{ErrorHandling:
+// promhttp.ContinueOnError}: under the default, HTTPErrorOnError, a failed
+// query fails the whole scrape, so a database outage also hides the claim
+// failures that would have raised an alert.
 func (m *Metrics) WatchOldest(store OldestClaimer) error {
 	c := &oldestCollector{
 		store: store,
