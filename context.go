@@ -12,7 +12,9 @@ import (
 // or not at all. Call it with msg.Context() inside a handler behind the inbox
 // middleware; ok is false anywhere else, and behind the native pgx middleware,
 // whose transaction pgxinbox.TxFromContext returns. Do not commit or roll back
-// the transaction yourself, return an error from the handler instead.
+// the transaction yourself, return an error from the handler instead. A
+// handler that succeeds without calling it is reported once per consumer
+// (see [TxNotNeeded]).
 //
 // A message from a watermill-sql subscriber (v3, v4) comes with the
 // subscriber's own transaction, which watermill-sql's TxFromContext returns.
@@ -25,7 +27,22 @@ func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 		return nil, false
 	}
 	tx, ok = s.Tx.(*sql.Tx)
+	if ok {
+		s.MarkTxTaken()
+	}
 	return tx, ok
+}
+
+// TxNotNeeded declares that the handler of the message whose context is ctx
+// deliberately writes nothing in SQL for it: its only effect is an
+// [AfterCommit] hook, or it ignores this event. The middleware then does not
+// report it for succeeding without [TxFromContext], which otherwise means
+// writes that go around the claim (see [Config].Logger). Outside an inbox
+// transaction it does nothing.
+func TxNotNeeded(ctx context.Context) {
+	if s := engine.SessionFrom(ctx); s != nil {
+		s.MarkTxNotNeeded()
+	}
 }
 
 // EventIDFromContext returns the event id and consumer of the message being
@@ -44,14 +61,18 @@ func EventIDFromContext(ctx context.Context) (eventID, consumer string, ok bool)
 // duplicate. It is at most once: if the process dies between the commit and
 // fn, the effect never happens, so record in the transaction what fn is about
 // to do and let a sweeper compensate for effects that are missing (see the
-// README). An error from fn is logged; the message is still acked because its
-// transaction is committed. Hooks run in registration order, with the
-// message's context (cancellation removed).
+// README). An error or a panic from fn is logged and reported in
+// [Observation].AfterCommitErr; the message is still acked because its
+// transaction is committed, and the hooks after fn still run. Hooks run in
+// registration order, with the message's context (cancellation removed).
+//
+// Register hooks before the handler returns: called later (from a goroutine
+// the handler started, or with a context kept past the handler),
+// AfterCommit returns [ErrTxEnded] and fn never runs.
 func AfterCommit(ctx context.Context, fn func(ctx context.Context) error) error {
 	s := engine.SessionFrom(ctx)
 	if s == nil {
 		return ErrNotInInbox
 	}
-	s.AfterCommit(fn)
-	return nil
+	return s.AfterCommit(fn)
 }

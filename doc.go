@@ -24,12 +24,20 @@
 //	if err := store.CreateSchema(ctx); err != nil { ... }
 //	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
 //	if err != nil { ... }
-//	router.AddMiddleware(middleware.Recoverer, mw)
+//	router.AddMiddleware(middleware.Recoverer)
+//	router.AddConsumerHandler("invoicing", "orders", sub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
+//		tx, _ := inbox.TxFromContext(msg.Context())
+//		_, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices ...`)
+//		return err
+//	}))
 //
-// and in a handler:
-//
-//	tx, _ := inbox.TxFromContext(msg.Context())
-//	_, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices ...`)
+// The inbox must be the innermost middleware: a Retry, PoisonQueue or
+// Duplicator inside it runs in its transaction, and the writes of failed or
+// repeated calls commit. [ConsumerHandler] and [Handler] wrap the handler
+// function itself, so every other middleware wraps the inbox whatever the
+// order of the calls. router.AddMiddleware(mw) works too, added after every
+// other middleware (see [NewMiddleware]). Wiring mistakes visible at run time
+// fail with [ErrMiswired] or are logged through Config.Logger.
 //
 // Effects outside the database cannot join the transaction: write follow-up
 // events to an outbox in the same transaction (Config.ProducedPublisher), or

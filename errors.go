@@ -44,6 +44,14 @@ var (
 	// unnoticed. Only StaleReject returns it.
 	ErrStaleEvent = engine.ErrStaleEvent
 
+	// ErrMiswired means the middleware is wired so that it cannot keep its
+	// guarantee: one fixed Config.Consumer reached from two handler names
+	// (see [Config].ShareConsumer), the inbox applied twice to one handler,
+	// [Handler] given another middleware, or a handler called twice in one
+	// transaction. The wrapping error says which and what to do;
+	// redelivering cannot help until the wiring is fixed.
+	ErrMiswired = engine.ErrMiswired
+
 	// ErrSubscriberTx means the message comes with a transaction its
 	// subscriber opened (a watermill-sql subscriber's, which that package's
 	// TxFromContext returns) that this middleware's transaction cannot take
@@ -56,4 +64,10 @@ var (
 	// ErrNotInInbox is returned by AfterCommit when the context does not come
 	// from a message handled by the inbox middleware.
 	ErrNotInInbox = errors.New("inbox: context is not inside an inbox transaction")
+
+	// ErrTxEnded is returned by AfterCommit called after the handler
+	// returned, from a goroutine it started or with a context kept past it:
+	// the inbox transaction has already committed or rolled back, so the
+	// hook would never run. Register hooks before the handler returns.
+	ErrTxEnded = engine.ErrTxEnded
 )

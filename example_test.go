@@ -129,6 +129,30 @@ func ExampleAfterCommit() {
 	// email sent for signup-42
 }
 
+// A hook registered after the handler returned, from a goroutine or with a
+// context kept past the handler, would never run: AfterCommit refuses it.
+func ExampleAfterCommit_afterTheHandler() {
+	_, store, done := exampleStore()
+	defer done()
+	mw, _ := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "mailer"})
+
+	returned, registered := make(chan struct{}), make(chan error)
+	handler := mw(func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		go func() {
+			<-returned
+			registered <- inbox.AfterCommit(ctx, func(context.Context) error { return nil })
+		}()
+		return nil, nil
+	})
+	_, _ = handler(message.NewMessage("signup-43", nil))
+	close(returned)
+	err := <-registered
+	fmt.Println(errors.Is(err, inbox.ErrTxEnded))
+	// Output:
+	// true
+}
+
 // exampleStore opens a fresh SQLite database with an inbox table and a
 // stock table holding 10 units; done closes and removes it.
 func exampleStore() (db *sql.DB, store *sqlinbox.Store, done func()) {

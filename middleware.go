@@ -23,11 +23,19 @@ type Config struct {
 
 	// Consumer scopes the claims: each consumer processes each event once,
 	// so several handlers can share one inbox table. Printable UTF-8, at most
-	// MaxConsumerLength bytes. Set it when one logical consumer has several
-	// handler names, or when the middleware runs outside a router. Renaming
-	// a consumer makes it process every event again. Defaults to the
-	// Watermill handler name of each message.
+	// MaxConsumerLength bytes. Set it to keep a consumer's claims across a
+	// handler rename, when one logical consumer has several handler names
+	// (with ShareConsumer), or when the middleware runs outside a router.
+	// Renaming a consumer makes it process every event again. Defaults to
+	// the Watermill handler name of each message.
 	Consumer string
+
+	// ShareConsumer lets one fixed Consumer be reached from several handler
+	// names, which then share one claim per event: each event runs in only
+	// one of them, whichever claims it first. Defaults to false: a fixed
+	// Consumer serves the first handler name it meets, and the messages of
+	// any other fail with [ErrMiswired].
+	ShareConsumer bool
 
 	// EventID extracts the event id. Defaults to DefaultEventID: the
 	// "event_id" metadata value, else msg.UUID.
@@ -81,8 +89,10 @@ type Config struct {
 	// Defaults to StaleProcess: processed, with a logged warning.
 	StaleEvents StalePolicy
 
-	// Logger receives a debug line per duplicate and errors from AfterCommit
-	// hooks. Defaults to watermill.NopLogger.
+	// Logger receives a debug line per duplicate, errors from AfterCommit
+	// hooks, and the wiring mistakes only visible at run time (a handler
+	// that succeeds without [TxFromContext], a PoisonQueue inside the inbox).
+	// Pass the router's logger to see them. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
 
@@ -130,9 +140,16 @@ func (c Config) validate() error {
 
 // NewMiddleware returns the inbox middleware: each message is claimed in the
 // inbox table and handled in the same transaction, so its effect commits
-// exactly once however often it is delivered. Add it to a router
-// (router.AddMiddleware) or to single handlers (handler.AddMiddleware), inside
-// Recoverer, PoisonQueue and Retry: each retry must open a new transaction.
+// exactly once however often it is delivered.
+//
+// It must be the innermost middleware, inside Recoverer, PoisonQueue and
+// Retry: each retry must open a new transaction, and a failed attempt must
+// roll back. Wrapping the handler function with [Handler] or
+// [ConsumerHandler] makes it innermost whatever else is added. Added with
+// [message.Router.AddMiddleware] or [message.Handler.AddMiddleware], it takes
+// its place in one list that Watermill keeps for both, in the order of the
+// calls, the first outermost: add it last, after every router-level
+// middleware, even those added after the handler.
 //
 // Behind a watermill-sql subscriber, the claim's transaction also takes the
 // place of the subscriber's for the handler (see [TxFromContext]); a pgx
@@ -154,6 +171,8 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 		Publisher: config.ProducedPublisher,
 		Observe:   observe(config.Observer),
 		Logger:    config.Logger,
+
+		ShareConsumer: config.ShareConsumer,
 
 		OnIDReuse:   int(config.OnIDReuse),
 		MaxEventAge: config.MaxEventAge,
@@ -192,6 +211,7 @@ func observe(o Observer) func(context.Context) (context.Context, func(engine.Obs
 			done(Observation{
 				Consumer: ob.Consumer, EventID: ob.EventID, Outcome: Outcome(ob.Outcome), Err: ob.Err, Stale: ob.Stale,
 				Start: ob.Start, ClaimStart: ob.ClaimStart, ClaimDuration: ob.ClaimDuration, Duration: ob.Duration,
+				AfterCommitErr: ob.AfterCommitErr,
 			})
 		}
 	}

@@ -23,7 +23,8 @@ const (
 	// the store's claim timeout (ErrInFlight); the message is retried.
 	OutcomeInFlight Outcome = "in_flight"
 	// OutcomeClaimFailed: the claim could not be made (database down,
-	// table missing); nothing ran.
+	// table missing) or the middleware refused a miswired message
+	// (ErrMiswired); nothing ran.
 	OutcomeClaimFailed Outcome = "claim_failed"
 	// OutcomeRolledBack: the handler returned an error, panicked, or the
 	// in-transaction publish failed; its writes and the claim rolled back.
@@ -60,6 +61,13 @@ type Observation struct {
 	ClaimStart    time.Time
 	ClaimDuration time.Duration
 	Duration      time.Duration
+
+	// AfterCommitErr is the failure of the message's AfterCommit hooks
+	// (their errors and panics, joined), nil when every hook succeeded.
+	// Only an OutcomeProcessed message runs hooks, and a failed hook does
+	// not change that outcome: the transaction committed and the message
+	// is acked, but the hook's effect is lost.
+	AfterCommitErr error
 }
 
 // Observer watches the middleware, for metrics and tracing without tying the

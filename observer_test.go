@@ -42,8 +42,8 @@ func (r *recorder) outcomes() []inbox.Outcome {
 
 func TestObserverSeesEveryOutcome(t *testing.T) {
 	t.Parallel()
-	db := testdb.Postgres(t, "postgres")
-	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: testdb.Table(t, db, "inbox")})
+	db := testdb.SQLite(t)
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.SQLite})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchema(context.Background()))
 	rec := &recorder{}

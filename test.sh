@@ -15,26 +15,53 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
-apt_install() {
+apt_install() { # apt_install PACKAGE [VARIABLE] [apt-get flags...]
 	if [ "$(id -u)" != 0 ]; then
-		log "$1 is not installed and this is not root: install the Debian package $1, or point $2 at a server"
+		log "$1 is not installed and this is not root: install the Debian package $1${2:+, or point $2 at a server}"
 		exit 1
 	fi
 	log "installing $1"
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${@:3}" "$1" >/dev/null
 }
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true; }
+# install_promtool installs Debian's prometheus package for promtool, which
+# checks and unit-tests prommetrics' alerting rules. Only the binary is
+# wanted: the package's Prometheus server (on :9090) must not run, so a
+# policy-rc.d refuses to start it while dpkg runs (unless the machine has its
+# own, whose policy may allow it: then it is stopped), and it is disabled at
+# boot; the recommended node exporter is left out.
+install_promtool() {
+	command -v promtool >/dev/null 2>&1 && return
+	local policy=/usr/sbin/policy-rc.d
+	if [ "$(id -u)" = 0 ] && [ ! -e "$policy" ]; then
+		(
+			trap 'rm -f "$policy"' EXIT
+			printf '#!/bin/sh\nexit 101\n' >"$policy"
+			chmod 755 "$policy"
+			apt_install prometheus "" --no-install-recommends
+		)
+	else
+		apt_install prometheus "" --no-install-recommends
+	fi
+	invoke-rc.d prometheus stop >/dev/null 2>&1 || true
+	update-rc.d prometheus disable >/dev/null 2>&1 || true
+	deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
+}
 # install_missing installs the Debian package of every server binary that is
-# missing.
+# missing, and promtool.
 install_missing() {
 	[ -n "$(pg_bin)" ] || apt_install postgresql INBOX_TEST_POSTGRES_DSN
 	command -v mariadbd >/dev/null 2>&1 || apt_install mariadb-server INBOX_TEST_MYSQL_DSN
+	install_promtool
 }
 if [ "${1:-}" = --install ]; then
 	install_missing
 	exit 0
 fi
+# promtool, for the alerting rules' tests: installed here when missing, as the
+# servers below; without root, the rules' test says how to get it.
+[ "$(id -u)" != 0 ] || install_promtool
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/inbox-test.XXXXXX")
 chmod 755 "$work"

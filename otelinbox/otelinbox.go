@@ -33,14 +33,16 @@ import (
 const ScopeName = "github.com/watermill-inbox/inbox/otelinbox"
 
 // Attribute keys set on the message span (consumer, event id, outcome,
-// duplicate, and stale for an event older than inbox.Config.MaxEventAge) and
-// on the claim span (consumer, event id, duplicate).
+// duplicate, stale for an event older than inbox.Config.MaxEventAge, and
+// after_commit_failed when an inbox.AfterCommit hook failed) and on the
+// claim span (consumer, event id, duplicate).
 const (
-	AttrConsumer  = attribute.Key("inbox.consumer")
-	AttrEventID   = attribute.Key("inbox.event_id")
-	AttrOutcome   = attribute.Key("inbox.outcome")
-	AttrDuplicate = attribute.Key("inbox.duplicate")
-	AttrStale     = attribute.Key("inbox.stale")
+	AttrConsumer          = attribute.Key("inbox.consumer")
+	AttrEventID           = attribute.Key("inbox.event_id")
+	AttrOutcome           = attribute.Key("inbox.outcome")
+	AttrDuplicate         = attribute.Key("inbox.duplicate")
+	AttrStale             = attribute.Key("inbox.stale")
+	AttrAfterCommitFailed = attribute.Key("inbox.after_commit_failed")
 )
 
 // Config configures New.
@@ -105,6 +107,12 @@ func (t *Tracer) Start(ctx context.Context) (context.Context, func(inbox.Observa
 		}
 		if ob.Outcome != inbox.OutcomeProcessed && ob.Outcome != inbox.OutcomeDuplicate {
 			setError(span, ob.Err)
+		}
+		if ob.AfterCommitErr != nil {
+			// The message was processed, so the status stays unset; the
+			// lost hook effect is an exception event on the span.
+			span.SetAttributes(AttrAfterCommitFailed.Bool(true))
+			span.RecordError(ob.AfterCommitErr)
 		}
 		span.End()
 	}

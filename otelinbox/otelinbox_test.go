@@ -155,6 +155,24 @@ func TestDuplicateAndFailureSpans(t *testing.T) {
 	require.Equal(t, codes.Error, msgs[3].Status().Code)
 }
 
+// A processed message whose after-commit hook failed keeps an unset
+// status, and carries the failure as an attribute and an exception event.
+func TestAfterCommitFailureSpan(t *testing.T) {
+	t.Parallel()
+	f := setup(t, otelinbox.Config{})
+	_, err := f.mw(func(msg *message.Message) ([]*message.Message, error) {
+		return nil, inbox.AfterCommit(msg.Context(), func(context.Context) error { panic("hook exploded") })
+	})(event(context.Background(), "e1"))
+	require.NoError(t, err)
+	msg := byName(t, f.spans.Ended())["inbox billing"]
+	require.NotNil(t, msg)
+	require.Equal(t, "processed", attrs(msg)[otelinbox.AttrOutcome].AsString())
+	require.True(t, attrs(msg)[otelinbox.AttrAfterCommitFailed].AsBool())
+	require.Equal(t, codes.Unset, msg.Status().Code)
+	require.Len(t, msg.Events(), 1)
+	require.Contains(t, msg.Events()[0].Attributes, attribute.String("exception.message", "inbox: after-commit hook panicked: hook exploded"))
+}
+
 // A stale event processed as usual is marked, the sign that it may have
 // been a duplicate the inbox no longer knew.
 func TestStaleEventSpan(t *testing.T) {

@@ -47,7 +47,7 @@ func nativeTarget(name string) conformance.Target {
 			Middleware: func(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (message.HandlerMiddleware, func(), error) {
 				store := newStore(t, sc)
 				mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{
-					Store: store, Consumer: cfg.Consumer, EventID: cfg.EventID, Logger: cfg.Logger, Observer: cfg.Observer,
+					Store: store, Consumer: cfg.Consumer, ShareConsumer: cfg.ShareConsumer, EventID: cfg.EventID, Logger: cfg.Logger, Observer: cfg.Observer,
 					Fingerprint: cfg.Fingerprint, OnIDReuse: cfg.OnIDReuse,
 					MaxEventAge: cfg.MaxEventAge, EventTime: cfg.EventTime, StaleEvents: cfg.StaleEvents,
 				})

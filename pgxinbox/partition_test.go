@@ -3,13 +3,17 @@ package pgxinbox_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -120,4 +124,74 @@ func TestPartitionedNeedsReadCommitted(t *testing.T) {
 	require.True(t, ok)
 	require.NoError(t, tx.Commit(context.Background()))
 	require.Equal(t, 1, f.claims(t, "ev-1"))
+}
+
+// Copies of the same events race through native pgx stores configured with
+// two spellings of one partitioned table ("inbox", "public.inbox") and a
+// database/sql store beside them: the pipelined lock is the table's, shared
+// with database/sql's, so each event's handler runs once, with one effect
+// and one inbox row.
+func TestPartitionedLockIgnoresTableSpelling(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{Partitioning: sqlinbox.Daily})
+	ctx := context.Background()
+	table := f.store.Table()
+	var schema string
+	require.NoError(t, f.store.Pool().QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
+	effects := testdb.Name("effects")
+	f.exec(t, `CREATE TABLE `+effects+` (event_id text NOT NULL)`)
+	t.Cleanup(func() { _, _ = f.store.Pool().Exec(context.Background(), "DROP TABLE IF EXISTS "+effects) })
+
+	var (
+		mu    sync.Mutex
+		calls = map[string]int{}
+	)
+	effect := func(ctx context.Context, exec func(ctx context.Context, sql string, args ...any) error) error {
+		id, _, _ := inbox.EventIDFromContext(ctx)
+		mu.Lock()
+		calls[id]++
+		mu.Unlock()
+		if err := exec(ctx, `INSERT INTO `+effects+` VALUES ($1)`, id); err != nil {
+			return err
+		}
+		time.Sleep(30 * time.Millisecond) // the other copies arrive meanwhile
+		return nil
+	}
+	native := func(m *message.Message) ([]*message.Message, error) {
+		tx, _ := pgxinbox.TxFromContext(m.Context())
+		return nil, effect(m.Context(), func(ctx context.Context, sql string, args ...any) error {
+			_, err := tx.Exec(ctx, sql, args...)
+			return err
+		})
+	}
+	std := func(m *message.Message) ([]*message.Message, error) {
+		tx, _ := inbox.TxFromContext(m.Context())
+		return nil, effect(m.Context(), func(ctx context.Context, sql string, args ...any) error {
+			_, err := tx.ExecContext(ctx, sql, args...)
+			return err
+		})
+	}
+	qualified := newStore(t, sqlinbox.Config{Table: schema + "." + table, Partitioning: sqlinbox.Daily})
+	qualifiedMW, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: qualified, Consumer: "c"})
+	require.NoError(t, err)
+	stdStore, err := sqlinbox.New(qualified.DB(), sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: schema + "." + table, Partitioning: sqlinbox.Daily})
+	require.NoError(t, err)
+	stdMW, err := inbox.NewMiddleware(inbox.Config{Store: stdStore, Consumer: "c"})
+	require.NoError(t, err)
+	handlers := []message.HandlerFunc{f.mw(native), qualifiedMW(native), stdMW(std)}
+
+	const events, copies = 4, 6
+	testdb.RaceDeliveries(t, events, copies, func(c int, id string) error {
+		_, err := handlers[c%len(handlers)](msg(id))
+		return err
+	})
+	for e := range events {
+		id := fmt.Sprintf("ev-%d", e)
+		require.Equal(t, 1, calls[id], "handler calls of %s", id)
+		require.Equal(t, 1, f.claims(t, id), "inbox rows of %s", id)
+		var n int
+		require.NoError(t, f.store.Pool().QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE event_id = $1`, id).Scan(&n))
+		require.Equal(t, 1, n, "effects of %s", id)
+	}
+	f.noOpenTransactions(t)
 }

@@ -8,20 +8,22 @@
 //	store, err := sqlinbox.NewPgx(pool, sqlinbox.Config{})
 //	err = store.CreateSchema(ctx)
 //	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store})
-//	router.AddMiddleware(middleware.Recoverer, mw)
+//	router.AddMiddleware(middleware.Recoverer)
+//	router.AddConsumerHandler("invoicing", "orders", sub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
+//		tx, _ := pgxinbox.TxFromContext(msg.Context())
+//		_, err := tx.Exec(msg.Context(), `INSERT INTO invoices ...`)
+//		return err
+//	}))
 //
-// and in a handler:
-//
-//	tx, _ := pgxinbox.TxFromContext(msg.Context())
-//	_, err := tx.Exec(msg.Context(), `INSERT INTO invoices ...`)
-//
-// inbox.EventIDFromContext and inbox.AfterCommit work here as they do
-// behind inbox.NewMiddleware. For an outbox in the same transaction, give
-// watermill-sql v4 the transaction: sql.NewPublisher(sql.TxFromPgx(tx), ...),
-// or set Config.ProducedPublisher. Behind a watermill-sql v4 subscriber on
-// pgx (sql.BeginnerFromPgx), watermill-sql's sql.TxFromContext returns a
-// *sql.PgxTx around the same transaction; a subscriber on database/sql is
-// refused with [inbox.ErrSubscriberTx] (use [inbox.NewMiddleware]).
+// inbox.ConsumerHandler and inbox.Handler keep the inbox innermost, and
+// inbox.EventIDFromContext, inbox.AfterCommit and inbox.TxNotNeeded work here
+// as they do behind inbox.NewMiddleware. For an outbox in the same
+// transaction, give watermill-sql v4 the transaction:
+// wsql.NewPublisher(wsql.TxFromPgx(tx), ...), or set Config.ProducedPublisher.
+// Behind a watermill-sql v4 subscriber on pgx (wsql.BeginnerFromPgx),
+// wsql.TxFromContext returns a *wsql.PgxTx around the same transaction; a
+// subscriber on database/sql is refused with [inbox.ErrSubscriberTx] (use
+// [inbox.NewMiddleware]).
 package pgxinbox
 
 import (
@@ -69,6 +71,11 @@ type Config struct {
 	// each message.
 	Consumer string
 
+	// ShareConsumer lets one fixed Consumer be reached from several handler
+	// names, as in inbox.Config. Defaults to false: the messages of a
+	// second handler name fail with inbox.ErrMiswired.
+	ShareConsumer bool
+
 	// EventID extracts the event id. Defaults to inbox.DefaultEventID.
 	EventID inbox.EventIDFunc
 
@@ -79,7 +86,7 @@ type Config struct {
 	// ProducedPublisher, when set, publishes the messages the handler
 	// returns inside the inbox transaction, through the publisher it builds
 	// for tx (typically watermill-sql v4's
-	// sql.NewPublisher(sql.TxFromPgx(tx), ...)). Defaults to nil: the router
+	// wsql.NewPublisher(wsql.TxFromPgx(tx), ...)). Defaults to nil: the router
 	// publishes them after the commit, and loses them if that publish fails.
 	ProducedPublisher func(tx pgx.Tx) (message.Publisher, error)
 
@@ -105,14 +112,17 @@ type Config struct {
 	EventTime   inbox.EventTimeFunc
 	StaleEvents inbox.StalePolicy
 
-	// Logger receives a debug line per duplicate and errors from AfterCommit
-	// hooks. Defaults to watermill.NopLogger.
+	// Logger receives a debug line per duplicate, errors from AfterCommit
+	// hooks and the wiring mistakes seen at run time, as in inbox.Config.
+	// Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
 
 // NewMiddleware returns the inbox middleware on pgx: each message is claimed
 // and handled in one pgx transaction, which the handler gets from
-// TxFromContext.
+// TxFromContext. Wrap handler functions with it through inbox.Handler or
+// inbox.ConsumerHandler, which keep it innermost; its order rules are those
+// of inbox.NewMiddleware.
 func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	if config.EventID == nil {
 		config.EventID = inbox.DefaultEventID
@@ -161,6 +171,8 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 		Publisher: config.ProducedPublisher,
 		Logger:    config.Logger,
 
+		ShareConsumer: config.ShareConsumer,
+
 		MaxEventAge: config.MaxEventAge,
 		EventTime:   config.EventTime,
 		StaleEvents: int(config.StaleEvents),
@@ -191,5 +203,8 @@ func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
 		return nil, false
 	}
 	tx, ok = s.Tx.(pgx.Tx)
+	if ok {
+		s.MarkTxTaken()
+	}
 	return tx, ok
 }

@@ -12,6 +12,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
@@ -233,4 +234,43 @@ func TestObserver(t *testing.T) {
 	_, _ = mw(ok)(msg("a"))
 	_, _ = mw(ok)(msg("a\x00b"))
 	require.Equal(t, []inbox.Outcome{inbox.OutcomeRolledBack, inbox.OutcomeProcessed, inbox.OutcomeDuplicate, inbox.OutcomeInvalidID}, rec.outcomes)
+}
+
+// ClaimTimeout bounds the pipelined claim only: the handler's statements
+// run under the lock_timeout the application's AfterConnect gave every
+// connection, not the role's default, on plain and partitioned tables.
+func TestClaimTimeoutKeepsSessionLockTimeout(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []sqlinbox.Partitioning{sqlinbox.NoPartitioning, sqlinbox.Daily} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			cfg, err := pgxpool.ParseConfig(testdb.PostgresDSN())
+			require.NoError(t, err)
+			cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+				_, err := conn.Exec(ctx, `SET lock_timeout = '1234ms'`)
+				return err
+			}
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			table := testdb.Name("inbox")
+			store, err := sqlinbox.NewPgx(pool, sqlinbox.Config{Table: table, Partitioning: mode, ClaimTimeout: 250 * time.Millisecond})
+			require.NoError(t, err)
+			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			require.NoError(t, store.CreateSchema(ctx))
+			mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store, Consumer: "c"})
+			require.NoError(t, err)
+			var inside string
+			_, err = mw(func(m *message.Message) ([]*message.Message, error) {
+				tx, _ := pgxinbox.TxFromContext(m.Context())
+				return nil, tx.QueryRow(m.Context(), `SELECT current_setting('lock_timeout')`).Scan(&inside)
+			})(msg("ev-1"))
+			require.NoError(t, err)
+			require.Equal(t, "1234ms", inside, "the handler's lock_timeout")
+			var after string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&after))
+			require.Equal(t, "1234ms", after, "the session's lock_timeout")
+		})
+	}
 }

@@ -5,6 +5,9 @@ import (
 	"database/sql"
 	"fmt"
 	"log"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -72,4 +75,39 @@ func Example() {
 	// Output:
 	// watermill_inbox_messages_total{consumer="invoicing",outcome="duplicate"} 2
 	// watermill_inbox_messages_total{consumer="invoicing",outcome="processed"} 1
+}
+
+// Rules is a rule file for Prometheus. Write it where rule_files points, with
+// the retention in WatermillInboxPurgeStopped edited, and renamed when New
+// was given another namespace.
+func ExampleRules() {
+	// The metrics of prommetrics.New(reg, "shop").
+	rules := strings.ReplaceAll(prommetrics.Rules, prommetrics.DefaultNamespace, "shop")
+	dir, err := os.MkdirTemp("", "rules") // your Prometheus configuration's directory
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.WriteFile(filepath.Join(dir, "watermill-inbox-rules.yml"), []byte(rules), 0o644); err != nil {
+		log.Fatal(err)
+	}
+
+	for _, line := range strings.Split(rules, "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "- alert: ") || strings.HasPrefix(line, "- record: consumer_outcome:") {
+			fmt.Println(line)
+		}
+	}
+	// Output:
+	// - record: consumer_outcome:shop_messages:rate5m
+	// - record: consumer_outcome:shop_messages:increase15m
+	// - record: consumer_outcome:shop_stale_events:increase15m
+	// - alert: WatermillInboxClaimsFailing
+	// - alert: WatermillInboxHighRollbackRatio
+	// - alert: WatermillInboxInFlightSurge
+	// - alert: WatermillInboxPurgeStopped
+	// - alert: WatermillInboxPurgeFailing
+	// - alert: WatermillInboxStaleEvents
+	// - alert: WatermillInboxEventIDReused
+	// - alert: WatermillInboxUnkeyedMessages
 }

@@ -1,14 +1,22 @@
 package prommetrics_test
 
 import (
+	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/prommetrics"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -36,4 +44,38 @@ func TestWatchOldest(t *testing.T) {
 	require.NoError(t, f.metrics.WatchOldest(missing))
 	_, err = f.reg.Gather()
 	require.ErrorContains(t, err, "does not exist")
+}
+
+// While the database is down the oldest claim cannot be read: the default
+// handler then serves no metric at all, ContinueOnError still serves the
+// claim failures the rules alert on (what WatchOldest's doc advises).
+func TestWatchOldestDuringOutage(t *testing.T) {
+	t.Parallel()
+	db := testdb.SQLite(t)
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(context.Background()))
+	reg := prometheus.NewRegistry()
+	metrics, err := prommetrics.New(reg, "")
+	require.NoError(t, err)
+	require.NoError(t, metrics.WatchOldest(store))
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c", Observer: metrics})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	_, err = mw(ok)(event("e1"))
+	require.Error(t, err)
+
+	serve := func(opts promhttp.HandlerOpts) (int, string) {
+		rec := httptest.NewRecorder()
+		promhttp.HandlerFor(reg, opts).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		return rec.Code, rec.Body.String()
+	}
+	const failed = `watermill_inbox_messages_total{consumer="c",outcome="claim_failed"} 1`
+	code, body := serve(promhttp.HandlerOpts{})
+	require.Equal(t, http.StatusInternalServerError, code)
+	require.NotContains(t, body, failed)
+	code, body = serve(promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, failed)
+	require.NotContains(t, body, "oldest_row_timestamp_seconds{")
 }

@@ -20,8 +20,11 @@
 // see inbox.Config.Fingerprint), outcome="stale" (events older than
 // inbox.Config.MaxEventAge rejected or skipped), stale_events_total (every
 // event older than MaxEventAge, those processed under inbox.StaleProcess
-// included: their duplicates may have gone unnoticed), and a claim
-// latency that grows with the inbox table (purge it).
+// included: their duplicates may have gone unnoticed),
+// after_commit_failures_total (inbox.AfterCommit hooks that failed or
+// panicked: their effects are lost), and a claim latency that grows with
+// the inbox table (purge it). [Rules] holds Prometheus rules for most of
+// these, each alert with a runbook.
 package prommetrics
 
 import (
@@ -44,6 +47,7 @@ const DefaultNamespace = "watermill_inbox"
 type Metrics struct {
 	messages     *prometheus.CounterVec
 	stale        *prometheus.CounterVec
+	hookFailures *prometheus.CounterVec
 	claim        *prometheus.HistogramVec
 	duration     *prometheus.HistogramVec
 	purgeRounds  *prometheus.CounterVec
@@ -89,6 +93,11 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 			Name:      "stale_events_total",
 			Help:      "Events older than inbox.Config.MaxEventAge, by consumer and outcome: the outcome is stale when the policy rejected or skipped them, and that of any message when it processed them (its duplicate may have gone unnoticed).",
 		}, []string{"consumer", "outcome"}),
+		hookFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "after_commit_failures_total",
+			Help:      "Processed messages whose inbox.AfterCommit hooks failed or panicked after the commit, by consumer: those hooks' effects are lost.",
+		}, []string{"consumer"}),
 		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace,
 			Name:      "claim_duration_seconds",
@@ -118,7 +127,7 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 			Buckets:   purgeBuckets,
 		}, []string{"table"}),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.stale, m.claim, m.duration, m.purgeRounds, m.purgeDeleted, m.purgeTime} {
+	for _, c := range []prometheus.Collector{m.messages, m.stale, m.hookFailures, m.claim, m.duration, m.purgeRounds, m.purgeDeleted, m.purgeTime} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("prommetrics: registering inbox metrics: %w", err)
 		}
@@ -136,6 +145,9 @@ func (m *Metrics) observe(ob inbox.Observation) {
 	m.messages.WithLabelValues(ob.Consumer, outcome).Inc()
 	if ob.Stale {
 		m.stale.WithLabelValues(ob.Consumer, outcome).Inc()
+	}
+	if ob.AfterCommitErr != nil {
+		m.hookFailures.WithLabelValues(ob.Consumer).Inc()
 	}
 	m.duration.WithLabelValues(ob.Consumer, outcome).Observe(ob.Duration.Seconds())
 	if !ob.ClaimStart.IsZero() {
@@ -183,6 +195,11 @@ const OldestTimeout = 5 * time.Second
 // does not run or cannot keep up. An empty table has no sample; a failed
 // query fails the scrape of this metric, with the error. Call it once per
 // table.
+//
+// Serve the registry with promhttp.HandlerOpts{ErrorHandling:
+// promhttp.ContinueOnError}: under the default, HTTPErrorOnError, a failed
+// query fails the whole scrape, so a database outage also hides the claim
+// failures that would have raised an alert.
 func (m *Metrics) WatchOldest(store OldestClaimer) error {
 	c := &oldestCollector{
 		store: store,

@@ -165,6 +165,30 @@ watermill_inbox_messages_total{consumer="c",outcome="commit_failed"} 1
 `), "watermill_inbox_messages_total"))
 }
 
+// A message whose after-commit hook panics is processed, and counted as
+// an after-commit failure.
+func TestAfterCommitFailures(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: f.store, Consumer: "c", Observer: f.metrics})
+	require.NoError(t, err)
+	_, err = mw(func(msg *message.Message) ([]*message.Message, error) {
+		return nil, inbox.AfterCommit(msg.Context(), func(context.Context) error { panic("hook exploded") })
+	})(event("e1"))
+	require.NoError(t, err)
+	_, err = mw(ok)(event("e2"))
+	require.NoError(t, err)
+
+	require.NoError(t, testutil.GatherAndCompare(f.reg, strings.NewReader(`
+# HELP watermill_inbox_after_commit_failures_total Processed messages whose inbox.AfterCommit hooks failed or panicked after the commit, by consumer: those hooks' effects are lost.
+# TYPE watermill_inbox_after_commit_failures_total counter
+watermill_inbox_after_commit_failures_total{consumer="c"} 1
+# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, rolled_back, commit_failed, id_reused, stale).
+# TYPE watermill_inbox_messages_total counter
+watermill_inbox_messages_total{consumer="c",outcome="processed"} 2
+`), "watermill_inbox_after_commit_failures_total", "watermill_inbox_messages_total"))
+}
+
 func TestPurgeRounds(t *testing.T) {
 	t.Parallel()
 	f := setup(t)

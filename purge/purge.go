@@ -99,7 +99,10 @@ type Config struct {
 	BatchSize int
 
 	// StatementTimeout bounds each DELETE; after a timeout the batch is
-	// halved (down to MinBatchSize) and grows back slowly. Defaults to
+	// halved (down to MinBatchSize) and grows back slowly. New refuses one
+	// longer than the database takes (sqlinbox.Store.PurgeLimits:
+	// 2,147,483,647 ms on PostgreSQL, a year on MariaDB; SQLite has no
+	// statement timeout and ignores it). Defaults to
 	// DefaultStatementTimeout.
 	StatementTimeout time.Duration
 
@@ -119,7 +122,8 @@ type Config struct {
 
 	// LockTimeout bounds the wait for the table lock when creating or
 	// dropping a partition; a partition that times out is retried next
-	// round. Defaults to DefaultLockTimeout.
+	// round. At most 2,147,483,647 ms (PostgreSQL's lock_timeout).
+	// Defaults to DefaultLockTimeout.
 	LockTimeout time.Duration
 
 	// OnRound, when set, is called after every round, Run's included, with
@@ -188,6 +192,15 @@ func (c Config) validate(store *sqlinbox.Store) error {
 	for name, d := range map[string]time.Duration{"StatementTimeout": c.StatementTimeout, "BatchPause": c.BatchPause, "Interval": c.Interval, "LockTimeout": c.LockTimeout} {
 		if d < 0 {
 			return fmt.Errorf("%s is negative (%s)", name, d)
+		}
+	}
+	limits := store.PurgeLimits()
+	for _, l := range []struct {
+		name     string
+		d, limit time.Duration
+	}{{"StatementTimeout", c.StatementTimeout, limits.StatementTimeout}, {"LockTimeout", c.LockTimeout, limits.LockTimeout}} {
+		if l.limit > 0 && l.d > l.limit {
+			return fmt.Errorf("%s %s is above %s, the longest the %s database takes", l.name, l.d, l.limit, store.Dialect())
 		}
 	}
 	if c.PartitionsAhead < 0 {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-inbox/inbox/internal/testdb"
@@ -382,6 +383,23 @@ func TestTimeoutShrinksTheBatch(t *testing.T) {
 	}, func(tg target) bool { return tg.holdRow != nil }) // SQLite locks the whole database, not a row
 }
 
+// A timeout below the database's unit still bounds the batch: MariaDB's
+// max_statement_time in milliseconds would read 100µs as 0, no limit, and
+// the batch would wait out innodb_lock_wait_timeout (50 s by default).
+func TestSubMillisecondTimeoutStillBounds(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		b := setup(t, tg)
+		b.seed(t, "billing", "old-", 10, 2*day)
+		release := tg.holdRow(t, b.db, b.table, "billing", "old-1")
+		defer release()
+		p := b.purger(t, purge.Config{Retention: day, BatchSize: purge.MinBatchSize, StatementTimeout: 100 * time.Microsecond})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := p.PurgeOnce(ctx)
+		require.ErrorIs(t, err, sqlinbox.ErrPurgeTimeout)
+	}, func(tg target) bool { return tg.holdRow != nil })
+}
+
 // Run purges at once, then every Interval, and returns nil when its context
 // ends.
 func TestRun(t *testing.T) {
@@ -420,4 +438,61 @@ func TestRun(t *testing.T) {
 		defer mu.Unlock()
 		require.Equal(t, []int64{500, 100}, slices.DeleteFunc(slices.Clone(rounds), func(n int64) bool { return n == 0 }))
 	})
+}
+
+// A StatementTimeout or LockTimeout the database's setting cannot take
+// would fail every batch or partition change: New refuses it, naming the
+// field and the limit. At the limit a round runs (partitions included on
+// PostgreSQL, a strict sql_mode on MariaDB); SQLite uses neither timeout,
+// so it takes any.
+func TestTimeoutLimits(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		var statement, lock time.Duration
+		mutate := func(*sqlinbox.Config) {}
+		switch tg.dialect {
+		case sqlinbox.PostgreSQL:
+			statement, lock = 2147483647*time.Millisecond, 2147483647*time.Millisecond
+			mutate = func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Daily }
+		case sqlinbox.MySQL:
+			statement = 31_536_000 * time.Second
+			cfg, err := mysql.ParseDSN(testdb.MySQLDSN())
+			require.NoError(t, err)
+			cfg.Params = map[string]string{"sql_mode": "'TRADITIONAL'"}
+			tg.open = func(t testing.TB) *sql.DB { return testdb.Open(t, "mysql", cfg.FormatDSN()) }
+		}
+		b := setup(t, tg, mutate)
+		b.seed(t, "billing", "old-", 10, 2*time.Hour)
+		const max = time.Duration(1<<63 - 1)
+		for _, tc := range []struct {
+			field string
+			limit time.Duration
+			set   func(c *purge.Config, d time.Duration)
+		}{
+			{"StatementTimeout", statement, func(c *purge.Config, d time.Duration) { c.StatementTimeout = d }},
+			{"LockTimeout", lock, func(c *purge.Config, d time.Duration) { c.LockTimeout = d }},
+		} {
+			cfg := purge.Config{Retention: time.Hour, AllowShortRetention: true}
+			if tc.limit == 0 {
+				tc.set(&cfg, max)
+				_, err := purge.New(b.store, cfg)
+				require.NoError(t, err, "%s is not used on %s", tc.field, tg.name)
+				continue
+			}
+			tc.set(&cfg, tc.limit+time.Millisecond)
+			_, err := purge.New(b.store, cfg)
+			require.ErrorContains(t, err, fmt.Sprintf("%s %s is above %s, the longest the %s database takes", tc.field, tc.limit+time.Millisecond, tc.limit, tg.dialect))
+		}
+		p := b.purger(t, purge.Config{Retention: time.Hour, AllowShortRetention: true, StatementTimeout: or(statement, max), LockTimeout: or(lock, max)})
+		n, err := p.PurgeOnce(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, int64(10), n)
+	})
+}
+
+// or returns d, or otherwise when d is zero.
+func or(d, otherwise time.Duration) time.Duration {
+	if d == 0 {
+		return otherwise
+	}
+	return d
 }

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
+	"time"
 )
 
 // Dialect is the SQL flavour of a database: PostgreSQL, MySQL or SQLite. Its
@@ -17,6 +19,10 @@ type Dialect interface {
 	// classify turns a driver error into one the middleware understands
 	// (lock and busy timeouts wrap inbox.ErrInFlight); others pass through.
 	classify(err error) error
+	// claimTimeoutLimit is the longest Config.ClaimTimeout the database's
+	// setting takes, and that setting; 0 where ClaimTimeout is refused
+	// anyway.
+	claimTimeoutLimit() (time.Duration, string)
 }
 
 // queries holds a store's SQL text, built once. Differences between dialects
@@ -72,3 +78,8 @@ func pgCode(err error) string {
 	}
 	return ""
 }
+
+// pgMaxTimeout is the longest lock_timeout and statement_timeout
+// PostgreSQL takes: an int of milliseconds. A longer one makes every
+// statement that sets it fail.
+const pgMaxTimeout = math.MaxInt32 * time.Millisecond

@@ -160,6 +160,15 @@ const (
 	mysqlNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
 )
 
+// mariadbMaxLockWait is the longest innodb_lock_wait_timeout MariaDB takes
+// (MySQL 8's is longer, but it cannot scope one to a claim). Beyond it a
+// strict sql_mode fails every claim, a lax one cuts it silently.
+const mariadbMaxLockWait = 100_000_000 * time.Second
+
+func (mysqlDialect) claimTimeoutLimit() (time.Duration, string) {
+	return mariadbMaxLockWait, "MariaDB's innodb_lock_wait_timeout"
+}
+
 func (mysqlDialect) classify(err error) error {
 	var e *mysql.MySQLError
 	if !errors.As(err, &e) {

@@ -77,3 +77,32 @@ func TestMySQLKeysCompareBytes(t *testing.T) {
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+store.Table()).Scan(&n))
 	require.Equal(t, 20, n)
 }
+
+// The purge's named lock is the table's, whether its name is qualified
+// with the database or not: a second purge skips the round.
+func TestMySQLPurgeLockIgnoresTableSpelling(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.MySQL(t)
+	table := testdb.Table(t, db, "inbox")
+	var database string
+	require.NoError(t, db.QueryRow("SELECT DATABASE()").Scan(&database))
+	var stores []*sqlinbox.Store
+	for _, name := range []string{table, database + "." + table} {
+		store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.MySQL, Table: name})
+		require.NoError(t, err)
+		stores = append(stores, store)
+	}
+	require.NoError(t, stores[0].CreateSchema(ctx))
+	sess, ok, err := stores[0].BeginPurge(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, ok, err = stores[1].BeginPurge(ctx)
+	require.NoError(t, err)
+	require.False(t, ok, "a second purge of the same table must skip")
+	require.NoError(t, sess.Close())
+	sess, ok, err = stores[1].BeginPurge(ctx)
+	require.NoError(t, err)
+	require.True(t, ok, "the lock is released")
+	require.NoError(t, sess.Close())
+}

@@ -2,6 +2,7 @@ package sqlinbox
 
 import (
 	"fmt"
+	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
 )
@@ -59,13 +60,35 @@ func (postgresql) queries(t tableName, c Config) queries {
 	if c.ClaimTimeout > 0 {
 		// set_config runs in the CTE before the insert looks for a conflict,
 		// so the lock wait of this very statement is bounded; afterClaim
-		// restores the default so the handler's own statements are not.
-		q.claim = fmt.Sprintf(`WITH lt AS (SELECT set_config('lock_timeout', '%dms', true))
-INSERT INTO %s (%s) SELECT $1::text, $2::%s%s FROM lt ON CONFLICT DO NOTHING`,
-			max(c.ClaimTimeout.Milliseconds(), 1), table, cols, idType, fpVal)
-		q.afterClaim = `SET LOCAL lock_timeout TO DEFAULT`
+		// restores the session's value so the handler's own statements are
+		// not.
+		q.claim = fmt.Sprintf(`%sINSERT INTO %s (%s) SELECT $1::text, $2::%s%s FROM lt ON CONFLICT DO NOTHING`,
+			pgClaimTimeout(c), table, cols, idType, fpVal)
+		q.afterClaim = pgRestoreLockTimeout
 	}
 	return q
+}
+
+// pgClaimTimeout is a WITH clause whose CTE lt, selected from, sets
+// lock_timeout to Config.ClaimTimeout for the rest of the transaction. It
+// first keeps the value it replaces in a setting of the transaction,
+// watermill_inbox.lock_timeout (lt reads prev, so prev runs first), for
+// pgRestoreLockTimeout: SET LOCAL ... TO DEFAULT would restore the role's
+// or database's default, not a value the application SET on its
+// connections. Kept on the server, the value costs the pipelined claim no
+// round trip.
+func pgClaimTimeout(c Config) string {
+	return fmt.Sprintf(`WITH prev AS (SELECT set_config('watermill_inbox.lock_timeout', current_setting('lock_timeout'), true)),
+lt AS (SELECT set_config('lock_timeout', '%dms', true) FROM prev)
+`, max(c.ClaimTimeout.Milliseconds(), 1))
+}
+
+// pgRestoreLockTimeout gives the handler the lock_timeout the session had
+// before pgClaimTimeout.
+const pgRestoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('watermill_inbox.lock_timeout'), true)`
+
+func (postgresql) claimTimeoutLimit() (time.Duration, string) {
+	return pgMaxTimeout, "PostgreSQL's lock_timeout"
 }
 
 func (postgresql) classify(err error) error {
@@ -83,9 +106,15 @@ func quoteName(name string, q byte) string { return string(q) + name + string(q)
 // pgSchemaLock serialises concurrent CreateSchema calls: concurrent CREATE
 // TABLE IF NOT EXISTS can still collide in the catalog (unique violation on
 // pg_type), so instances starting together take turns on a
-// transaction-scoped advisory lock.
+// transaction-scoped advisory lock. The table may not exist yet, so the key
+// is its schema-qualified name, an unqualified one completed with the
+// schema CREATE TABLE uses: "inbox" and "public.inbox" share the lock.
 func pgSchemaLock(t tableName) string {
-	return fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtext('watermill_inbox schema %s'))`, t)
+	schema := "COALESCE(current_schema(), '')"
+	if t.schema != "" {
+		schema = "'" + t.schema + "'"
+	}
+	return fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtext('watermill_inbox schema ' || %s || '.%s'))`, schema, t.name)
 }
 
 // pgCreateTable is the inbox table's DDL, plain or partitioned: key lists

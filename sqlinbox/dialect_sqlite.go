@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
 )
@@ -106,6 +107,8 @@ const (
 // errors are recognised by result code without importing the driver (and
 // its C-to-Go translated library) into every program that uses sqlinbox.
 type sqliteCoder interface{ Code() int }
+
+func (sqlite) claimTimeoutLimit() (time.Duration, string) { return 0, "" }
 
 func (sqlite) classify(err error) error {
 	if sqliteBusyErr(err) {

@@ -2,6 +2,7 @@ package sqlinbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
@@ -111,17 +112,7 @@ func TestSQLiteRoutersShareOneFile(t *testing.T) {
 			}
 			wg.Wait()
 
-			rows, err := db.Query(`SELECT event_id, COUNT(*) FROM effects GROUP BY event_id`)
-			require.NoError(t, err)
-			defer rows.Close()
-			effects := map[string]int{}
-			for rows.Next() {
-				var id string
-				var n int
-				require.NoError(t, rows.Scan(&id, &n))
-				effects[id] = n
-			}
-			require.NoError(t, rows.Err())
+			effects := groupCounts(t, db, `SELECT event_id, COUNT(*) FROM effects GROUP BY event_id`)
 			want := map[string]int{}
 			for e := range events {
 				want[fmt.Sprintf("ev-%d", e)] = 1
@@ -230,4 +221,80 @@ func TestSQLiteProcessedAtIsSortableUTC(t *testing.T) {
 	at, err := time.Parse("2006-01-02T15:04:05.000Z", raw)
 	require.NoError(t, err, raw)
 	require.False(t, at.Before(before) || at.After(after), "%s not within [%s, %s]", at, before, after)
+}
+
+// lastOutcome records the outcome of the last message observed.
+type lastOutcome struct{ outcome inbox.Outcome }
+
+func (o *lastOutcome) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+	return ctx, func(ob inbox.Observation) { o.outcome = ob.Outcome }
+}
+
+// A statement that rolls back the whole SQLite transaction (RAISE(ROLLBACK)
+// in a trigger, ON CONFLICT ROLLBACK) takes the claim and the handler's
+// earlier writes with it, and SQLite runs the next statements in autocommit
+// mode. A handler that swallows that error commits them outside the inbox,
+// as a swallowed MySQL deadlock does. The COMMIT then fails ("no
+// transaction is active"), so the message is nacked as commit_failed, never
+// acked; but each redelivery autocommits those statements once more. The
+// README documents exactly this.
+func TestSQLiteSwallowedRollbackAutocommitsTheRest(t *testing.T) {
+	t.Parallel()
+	for name, setup := range map[string]string{
+		"RAISE(ROLLBACK)": `CREATE TABLE guarded (v TEXT);
+CREATE TRIGGER guard BEFORE INSERT ON guarded WHEN NEW.v = 'x' BEGIN SELECT RAISE(ROLLBACK, 'refused'); END;`,
+		"ON CONFLICT ROLLBACK": `CREATE TABLE guarded (v TEXT UNIQUE ON CONFLICT ROLLBACK);
+INSERT INTO guarded VALUES ('x');`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.SQLite(t)
+			store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.SQLite})
+			require.NoError(t, err)
+			require.NoError(t, store.CreateSchema(context.Background()))
+			_, err = db.Exec(setup + `CREATE TABLE effects (step TEXT NOT NULL);`)
+			require.NoError(t, err)
+			obs := &lastOutcome{}
+			mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c", Observer: obs})
+			require.NoError(t, err)
+			handler := mw(func(msg *message.Message) ([]*message.Message, error) {
+				ctx := msg.Context()
+				tx, _ := inbox.TxFromContext(ctx)
+				if _, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES ('before')`); err != nil {
+					return nil, err
+				}
+				_, swallowed := tx.ExecContext(ctx, `INSERT INTO guarded VALUES ('x')`)
+				require.Error(t, swallowed)
+				_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES ('after')`)
+				return nil, err
+			})
+			steps := func() map[string]int {
+				return groupCounts(t, db, `SELECT step, count(*) FROM effects GROUP BY step`)
+			}
+			for delivery := 1; delivery <= 2; delivery++ {
+				_, err := handler(eventMsg("ev-1"))
+				require.ErrorContains(t, err, "cannot commit - no transaction is active", "delivery %d", delivery)
+				require.Equal(t, inbox.OutcomeCommitFailed, obs.outcome)
+				require.Equal(t, map[string]int{"after": delivery}, steps(), "delivery %d", delivery)
+				require.Zero(t, countWhere(t, db, sqlinbox.DefaultTable, "ev-1"), "the claim rolled back")
+			}
+		})
+	}
+}
+
+// groupCounts runs query, which returns (key, count) rows, into a map.
+func groupCounts(t *testing.T, db *sql.DB, query string) map[string]int {
+	t.Helper()
+	rows, err := db.Query(query)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var key string
+		var n int
+		require.NoError(t, rows.Scan(&key, &n))
+		out[key] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
 }

@@ -76,13 +76,16 @@ func checkPartitioning(c Config) error {
 // reaches it, after the previous one finished.
 func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string) queries {
 	table := t.quoted('"')
-	// Advisory locks are database-wide: the key hashes the table with the
-	// pair, so tables sharing a database never wait for each other. The
-	// length prefix keeps ("ab", "c") apart from ("a", "bc").
-	lock := fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtextextended('%s:' || length($1::text) || ':' || $1::text || $2::text, 0))`, t)
+	// Advisory locks are database-wide: the key hashes the table's OID with
+	// the pair, so tables sharing a database never wait for each other.
+	// The OID, not the name: stores configured "inbox" and "public.inbox"
+	// (or resolving "inbox" through search_path) must take the same lock,
+	// or neither waits for the other and both insert. The cast resolves the
+	// name as the claim's INSERT does. The length prefix keeps ("ab", "c")
+	// apart from ("a", "bc").
+	lock := fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtextextended('%s'::regclass::oid::text || ':' || length($1::text) || ':' || $1::text || $2::text, 0))`, table)
 	if c.ClaimTimeout > 0 {
-		lock = fmt.Sprintf(`WITH lt AS (SELECT set_config('lock_timeout', '%dms', true))
-%s FROM lt`, max(c.ClaimTimeout.Milliseconds(), 1), lock)
+		lock = pgClaimTimeout(c) + lock + " FROM lt"
 	}
 	lock = fmt.Sprintf(`WITH l AS (%s) SELECT current_setting('transaction_isolation') FROM l`, lock)
 	q := queries{
@@ -109,7 +112,7 @@ ON CONFLICT DO NOTHING`, table, idType, cols, fpVal),
 		},
 	}
 	if c.ClaimTimeout > 0 {
-		q.afterClaim = `SET LOCAL lock_timeout TO DEFAULT`
+		q.afterClaim = pgRestoreLockTimeout
 	}
 	if c.Fingerprints {
 		// The lock serialises copies of the event, so at most one

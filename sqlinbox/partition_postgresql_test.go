@@ -4,11 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -154,4 +158,148 @@ func TestPartitioningMustMatchTheTable(t *testing.T) {
 
 	_, err = sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Partitioning: 7})
 	require.ErrorContains(t, err, "Partitioning: unknown value 7")
+}
+
+// spellings returns two names of one table: as created, and qualified with
+// the schema search_path resolves it to.
+func spellings(t *testing.T, db *sql.DB, table string) (string, string) {
+	t.Helper()
+	var schema string
+	require.NoError(t, db.QueryRow(`SELECT current_schema()`).Scan(&schema))
+	return table, schema + "." + table
+}
+
+// Two instances configured with two spellings of one partitioned table
+// ("inbox" and "public.inbox", as a rolling config change or another
+// search_path gives) race copies of the same events: each event's handler
+// runs once, with one effect and one inbox row. The event's lock must be
+// the table's, not the spelling's, or neither instance waits for the other
+// and the key, which includes processed_at, lets both rows in.
+func TestPartitionedLockIgnoresTableSpelling(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"pgx", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			db, _, table := partitionedStore(t, driver, sqlinbox.Daily)
+			effects := testdb.Table(t, db, "effects")
+			_, err := db.Exec(`CREATE TABLE ` + effects + ` (event_id text NOT NULL)`)
+			require.NoError(t, err)
+			var (
+				mu    sync.Mutex
+				calls = map[string]int{}
+				mws   []message.HandlerMiddleware
+			)
+			a, b := spellings(t, db, table)
+			for _, name := range []string{a, b} {
+				store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: name, Partitioning: sqlinbox.Daily})
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = store.Close() })
+				mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "billing"})
+				require.NoError(t, err)
+				mws = append(mws, mw)
+			}
+			handler := func(m *message.Message) ([]*message.Message, error) {
+				id, _, _ := inbox.EventIDFromContext(m.Context())
+				mu.Lock()
+				calls[id]++
+				mu.Unlock()
+				tx, _ := inbox.TxFromContext(m.Context())
+				if _, err := tx.ExecContext(m.Context(), `INSERT INTO `+effects+` VALUES ($1)`, id); err != nil {
+					return nil, err
+				}
+				time.Sleep(30 * time.Millisecond) // the other copies arrive meanwhile
+				return nil, nil
+			}
+			const events, copies = 4, 6
+			testdb.RaceDeliveries(t, events, copies, func(c int, id string) error {
+				_, err := mws[c%2](handler)(eventMsg(id))
+				return err
+			})
+			for e := range events {
+				id := fmt.Sprintf("ev-%d", e)
+				require.Equal(t, 1, calls[id], "handler calls of %s", id)
+				require.Equal(t, 1, countWhere(t, db, effects, id), "effects of %s", id)
+				require.Equal(t, 1, countWhere(t, db, table, id), "inbox rows of %s", id)
+			}
+		})
+	}
+}
+
+func eventMsg(id string) *message.Message {
+	m := message.NewMessage(watermill.NewUUID(), nil)
+	m.Metadata.Set(inbox.DefaultEventIDMetadataKey, id)
+	return m
+}
+
+func countWhere(t *testing.T, db *sql.DB, table, eventID string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table+` WHERE event_id = $1`, eventID).Scan(&n))
+	return n
+}
+
+// The purge lock is the table's too: a purge configured with the other
+// spelling skips the round instead of running beside the first.
+func TestPurgeLockIgnoresTableSpelling(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []sqlinbox.Partitioning{sqlinbox.NoPartitioning, sqlinbox.Daily} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db, first, table := partitionedStore(t, "pgx", mode)
+			_, b := spellings(t, db, table)
+			second, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: b, Partitioning: mode})
+			require.NoError(t, err)
+			sess, ok, err := first.BeginPurge(context.Background())
+			require.NoError(t, err)
+			require.True(t, ok)
+			_, ok, err = second.BeginPurge(context.Background())
+			require.NoError(t, err)
+			require.False(t, ok, "a second purge of the same table must skip")
+			require.NoError(t, sess.Close())
+			sess, ok, err = second.BeginPurge(context.Background())
+			require.NoError(t, err)
+			require.True(t, ok, "the lock is released")
+			require.NoError(t, sess.Close())
+		})
+	}
+}
+
+// CreateSchema calls for two spellings of one table take turns: while one
+// holds the schema lock (here stuck behind a table lock), the other waits
+// for that advisory lock rather than racing it in the catalog.
+func TestSchemaLockIgnoresTableSpelling(t *testing.T) {
+	t.Parallel()
+	db, first, table := partitionedStore(t, "pgx", sqlinbox.NoPartitioning)
+	_, b := spellings(t, db, table)
+	second, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: b})
+	require.NoError(t, err)
+
+	// CREATE INDEX IF NOT EXISTS needs a SHARE lock on the table: holding
+	// ACCESS EXCLUSIVE stops the first CreateSchema after its schema lock.
+	blocker, err := db.Begin()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = blocker.Rollback() })
+	_, err = blocker.Exec(`LOCK TABLE ` + table + ` IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	errs := make(chan error, 2)
+	go func() { errs <- first.CreateSchema(context.Background()) }()
+	waitFor(t, db, `SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = $1::regclass AND NOT granted`, table)
+	go func() { errs <- second.CreateSchema(context.Background()) }()
+	// The second call queues on the first one's advisory lock.
+	waitFor(t, db, `SELECT count(*) FROM pg_locks l JOIN pg_locks h ON h.locktype = 'advisory' AND h.objid = l.objid AND h.classid = l.classid AND h.granted
+WHERE l.locktype = 'advisory' AND NOT l.granted AND h.pid IN (SELECT pid FROM pg_locks WHERE relation = $1::regclass AND NOT granted)`, table)
+	require.NoError(t, blocker.Rollback())
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+}
+
+// waitFor polls query, whose only parameter is arg, until it counts at
+// least one row, for up to ten seconds.
+func waitFor(t *testing.T, db *sql.DB, query string, arg any) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.QueryRow(query, arg).Scan(&n))
+		return n > 0
+	}, 10*time.Second, 10*time.Millisecond, "waiting for: %s", query)
 }

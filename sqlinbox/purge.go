@@ -38,6 +38,29 @@ type purgeDialect interface {
 	// statementTimedOut reports whether err is the database cancelling a
 	// statement for running past its timeout.
 	statementTimedOut(err error) bool
+	purgeLimits() PurgeLimits
+}
+
+// PurgeLimits are the longest timeouts a database takes for the purge's
+// statements; package purge refuses a Config beyond them, since every
+// batch or partition change would fail. Zero means no limit: the dialect
+// does not use that timeout (SQLite neither; MySQL 8 no statement timeout).
+type PurgeLimits struct {
+	// StatementTimeout bounds the timeout of PurgeSession.DeleteBatch:
+	// PostgreSQL's statement_timeout, MariaDB's max_statement_time.
+	StatementTimeout time.Duration
+	// LockTimeout bounds the lockTimeout of PurgeSession.CreatePartitions
+	// and DropPartition: PostgreSQL's lock_timeout.
+	LockTimeout time.Duration
+}
+
+// PurgeLimits returns the longest purge timeouts the store's database
+// takes. Package purge checks its Config against them.
+func (s *Store) PurgeLimits() PurgeLimits {
+	if pd, ok := s.dialect.(purgeDialect); ok {
+		return pd.purgeLimits()
+	}
+	return PurgeLimits{}
 }
 
 // purgeQueries holds the purge's SQL text. Bind parameters come in one
@@ -45,10 +68,12 @@ type purgeDialect interface {
 // retention in microseconds, then the consumer or the excluded consumers,
 // then the batch size.
 type purgeQueries struct {
-	// tryLock takes the session-level purge lock without waiting and
-	// returns one row, 1 when taken; "" when the database needs no lock
-	// (SQLite serialises writers itself). unlock releases it. Both take the
-	// lock's key as their only argument.
+	// tryLock takes the table's session-level purge lock without waiting
+	// and returns one row: the lock's key, and 1 when taken; "" when the
+	// database needs no lock (SQLite serialises writers itself). unlock
+	// releases it, with that key as its only argument: the key is the
+	// table's identity, resolved once, so the lock taken is the lock
+	// released even if the table is recreated meanwhile.
 	tryLock, unlock string
 	// setTimeout bounds the statements that follow in the batch's
 	// transaction; its argument is milliseconds as text. "" when the
@@ -146,7 +171,7 @@ func (s *Store) BeginPurge(ctx context.Context) (*PurgeSession, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
 	}
-	p := &PurgeSession{s: s, pd: pd, q: pd.purgeQueries(s.table, s.config), conn: conn, key: "watermill_inbox purge " + s.table.String()}
+	p := &PurgeSession{s: s, pd: pd, q: pd.purgeQueries(s.table, s.config), conn: conn}
 	if p.q.adapt != nil {
 		if err := p.q.adapt(ctx, conn, &p.q); err != nil {
 			_ = conn.Close()
@@ -157,9 +182,9 @@ func (s *Store) BeginPurge(ctx context.Context) (*PurgeSession, bool, error) {
 		return p, true, nil
 	}
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, p.q.tryLock, p.key).Scan(&got); err != nil {
+	if err := conn.QueryRowContext(ctx, p.q.tryLock).Scan(&p.key, &got); err != nil {
 		_ = conn.Close()
-		return nil, false, fmt.Errorf("sqlinbox: taking the purge lock of %s: %w", s.table, err)
+		return nil, false, fmt.Errorf("sqlinbox: taking the purge lock of %s: %w", s.table, s.dialect.classify(err))
 	}
 	if got.Int64 != 1 {
 		_ = conn.Close()

@@ -20,24 +20,30 @@ func (mysqlDialect) purgeQueries(t tableName, _ Config) purgeQueries {
 	// processed_at is UTC from the database clock (see the schema).
 	const expired = "processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"
 	// GET_LOCK names are server-wide and at most 64 characters: hash the
-	// database and the key.
-	const lockName = "CONCAT('inbox_purge_', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.', ?)))"
+	// schema-qualified table, an unqualified name completed with the
+	// connection's database, so "inbox" and "app.inbox" share the lock.
+	schema := "COALESCE(DATABASE(), '')"
+	if t.schema != "" {
+		schema = "'" + t.schema + "'"
+	}
+	lockName := fmt.Sprintf("CONCAT('inbox_purge_', SHA1(CONCAT('watermill_inbox purge ', %s, '.', '%s')))", schema, t.name)
 	deleteBatch := func(s scopeShape, timeout time.Duration, mariaDB bool) string {
 		// The processed_at index serves both the range and the order, so
 		// the DELETE reads only the rows it removes.
 		stmt := fmt.Sprintf("DELETE FROM %s WHERE %s%s ORDER BY processed_at LIMIT ?", table, expired, scopeFilter(s, question, 2))
 		if timeout > 0 && mariaDB {
 			// MariaDB can scope a time limit to one statement; a lock wait
-			// counts towards it.
-			stmt = fmt.Sprintf("SET STATEMENT max_statement_time=%s FOR %s", strconv.FormatFloat(timeout.Seconds(), 'f', 3, 64), stmt)
+			// counts towards it. Milliseconds at least: 0.000 is no limit.
+			secs := max(timeout, time.Millisecond).Seconds()
+			stmt = fmt.Sprintf("SET STATEMENT max_statement_time=%s FOR %s", strconv.FormatFloat(secs, 'f', 3, 64), stmt)
 		}
 		return stmt
 	}
 	return purgeQueries{
 		// GET_LOCK with timeout 0 does not wait. The lock belongs to the
 		// purge's dedicated connection and dies with its session.
-		tryLock: "SELECT COALESCE(GET_LOCK(" + lockName + ", 0), 0)",
-		unlock:  "SELECT RELEASE_LOCK(" + lockName + ")",
+		tryLock: "SELECT name, COALESCE(GET_LOCK(name, 0), 0) FROM (SELECT " + lockName + " AS name) t",
+		unlock:  "SELECT RELEASE_LOCK(?)",
 		deleteBatch: func(s scopeShape, timeout time.Duration) string {
 			return deleteBatch(s, timeout, true)
 		},
@@ -65,6 +71,14 @@ const (
 	mariadbStatementTimeout = 1969 // ER_STATEMENT_TIMEOUT: max_statement_time
 	mysqlQueryTimeout       = 3024 // ER_QUERY_TIMEOUT: max_execution_time
 )
+
+// mariadbMaxStatementTime is the longest max_statement_time MariaDB takes,
+// a year; partitions, hence lock timeouts, are PostgreSQL's only.
+const mariadbMaxStatementTime = 31_536_000 * time.Second
+
+func (mysqlDialect) purgeLimits() PurgeLimits {
+	return PurgeLimits{StatementTimeout: mariadbMaxStatementTime}
+}
 
 func (mysqlDialect) statementTimedOut(err error) bool {
 	var e *mysql.MySQLError

@@ -24,9 +24,11 @@ func (postgresql) purgeQueries(t tableName, c Config) purgeQueries {
 	return purgeQueries{
 		// A session-level lock on the purge's dedicated connection, held
 		// for the whole round. The two-int4 form lives in a lock space of
-		// its own, apart from the claims' bigint advisory locks.
-		tryLock:    `SELECT pg_try_advisory_lock(hashtext('watermill_inbox purge'), hashtext($1))::int`,
-		unlock:     `SELECT pg_advisory_unlock(hashtext('watermill_inbox purge'), hashtext($1))`,
+		// its own, apart from the claims' bigint advisory locks; its
+		// second key is the table's OID, so every spelling of the table
+		// name takes the same lock.
+		tryLock:    fmt.Sprintf(`SELECT k::text, pg_try_advisory_lock(hashtext('watermill_inbox purge'), k)::int FROM (SELECT '%s'::regclass::oid::int AS k) t`, t.quoted('"')),
+		unlock:     `SELECT pg_advisory_unlock(hashtext('watermill_inbox purge'), $1::int)`,
 		setTimeout: `SELECT set_config('statement_timeout', $1, true)`,
 		deleteBatch: func(s scopeShape, _ time.Duration) string {
 			// The inner SELECT walks the processed_at index from the oldest
@@ -49,6 +51,10 @@ func (postgresql) purgeQueries(t tableName, c Config) purgeQueries {
 			return checkLayout(ctx, conn, t, c)
 		},
 	}
+}
+
+func (postgresql) purgeLimits() PurgeLimits {
+	return PurgeLimits{StatementTimeout: pgMaxTimeout, LockTimeout: pgMaxTimeout}
 }
 
 func (postgresql) statementTimedOut(err error) bool {

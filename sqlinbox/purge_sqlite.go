@@ -29,6 +29,10 @@ func (sqlite) purgeQueries(t tableName, _ Config) purgeQueries {
 	}
 }
 
+// purgeLimits has no limit: SQLite has no statement timeout (its busy
+// timeout is the DSN's) and no partitions.
+func (sqlite) purgeLimits() PurgeLimits { return PurgeLimits{} }
+
 // statementTimedOut reports a batch that waited longer than the busy
 // timeout for the write lock. SQLite has no statement timeout, but this is
 // the purge's equivalent: claims hold the lock, so the purge backs off with

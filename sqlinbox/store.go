@@ -42,11 +42,14 @@ type Config struct {
 	// while the first copy is still being handled. When it expires the claim
 	// fails with an error wrapping inbox.ErrInFlight and the message is
 	// retried later instead of holding a connection. Only the claim
-	// statement is bounded, never the handler's: PostgreSQL lock_timeout;
+	// statement is bounded, never the handler's: PostgreSQL lock_timeout,
+	// set for the claim and then put back to the session's value;
 	// MariaDB innodb_lock_wait_timeout through SET STATEMENT, whole seconds
 	// rounded up (MySQL 8 cannot scope it to a statement and the first claim
 	// fails with ErrClaimTimeoutUnsupported); SQLite refuses it in New, its
-	// DSN's busy_timeout is the bound. Defaults to 0: wait until the other
+	// DSN's busy_timeout is the bound. New refuses one longer than the
+	// setting takes: 2,147,483,647 ms (24.8 days) on PostgreSQL,
+	// 100,000,000 s on MariaDB. Defaults to 0: wait until the other
 	// transaction ends.
 	ClaimTimeout time.Duration
 
@@ -107,6 +110,9 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	}
 	if config.ClaimTimeout < 0 {
 		return nil, fmt.Errorf("sqlinbox: invalid config: ClaimTimeout is negative (%s)", config.ClaimTimeout)
+	}
+	if limit, setting := config.Dialect.claimTimeoutLimit(); limit > 0 && config.ClaimTimeout > limit {
+		return nil, fmt.Errorf("sqlinbox: invalid config: ClaimTimeout %s is above %s, the longest %s takes", config.ClaimTimeout, limit, setting)
 	}
 	if err := checkPartitioning(config); err != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)

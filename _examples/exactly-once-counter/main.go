@@ -250,19 +250,8 @@ func newWorker(db *database, n names, c config, die func(context.Context) error)
 	if err != nil {
 		return nil, err
 	}
-	if !c.noInbox {
-		store, err := sqlinbox.New(db.DB, sqlinbox.Config{Dialect: db.dialect, Table: n.inbox})
-		if err != nil {
-			return nil, err
-		}
-		mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
-		if err != nil {
-			return nil, err
-		}
-		router.AddMiddleware(mw) // the one line
-	}
 	var counted atomic.Int64
-	router.AddNoPublisherHandler("counter", n.topic, sub, func(msg *message.Message) error {
+	handler := func(msg *message.Message) error {
 		if err := count(msg, db, n); err != nil {
 			return err
 		}
@@ -274,7 +263,19 @@ func newWorker(db *database, n names, c config, die func(context.Context) error)
 			return inbox.AfterCommit(msg.Context(), die)
 		}
 		return nil
-	})
+	}
+	if !c.noInbox {
+		store, err := sqlinbox.New(db.DB, sqlinbox.Config{Dialect: db.dialect, Table: n.inbox})
+		if err != nil {
+			return nil, err
+		}
+		mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Logger: router.Logger()})
+		if err != nil {
+			return nil, err
+		}
+		handler = inbox.ConsumerHandler(mw, handler) // the one line
+	}
+	router.AddConsumerHandler("counter", n.topic, sub, handler)
 	return router, nil
 }
 

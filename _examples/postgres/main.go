@@ -63,12 +63,13 @@ func run(dsn string) error {
 	if err != nil {
 		return err
 	}
-	// Recoverer outside the inbox: a panic rolls back, then becomes a nack.
-	router.AddMiddleware(middleware.Recoverer, mw)
+	// Recoverer outside the inbox (inbox.ConsumerHandler keeps it innermost):
+	// a panic rolls back, then becomes a nack.
+	router.AddMiddleware(middleware.Recoverer)
 
 	var calls, failures atomic.Int64
 	var failedOnce atomic.Bool
-	router.AddConsumerHandler("invoicing", "orders", pubSub, func(msg *message.Message) error {
+	router.AddConsumerHandler("invoicing", "orders", pubSub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
 		calls.Add(1)
 		tx, _ := inbox.TxFromContext(msg.Context())
 		orderID := msg.Metadata.Get("event_id")
@@ -80,7 +81,7 @@ func run(dsn string) error {
 			return errors.New("payment service timed out") // the invoice above rolls back
 		}
 		return nil
-	})
+	}))
 	go func() { _ = router.Run(ctx) }()
 	<-router.Running()
 

@@ -75,12 +75,14 @@ func run() error {
 			return h(msg)
 		}
 	}
-	// Recoverer and anything that retries go outside the inbox, so that
-	// each attempt gets its own transaction.
-	router.AddMiddleware(middleware.Recoverer, countDeliveries, mw)
+	// inbox.ConsumerHandler wraps the handler function itself, so the inbox
+	// is the innermost layer: Recoverer, and anything that retries, wrap it
+	// from outside whatever the order of the calls, and each attempt gets
+	// its own transaction.
+	router.AddMiddleware(middleware.Recoverer, countDeliveries)
 
 	var failedOnce atomic.Bool
-	router.AddConsumerHandler("invoicing", "orders", pubSub, func(msg *message.Message) error {
+	router.AddConsumerHandler("invoicing", "orders", pubSub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
 		calls.Add(1)
 		// The inbox row and this insert commit together, or not at all.
 		tx, _ := inbox.TxFromContext(msg.Context())
@@ -93,7 +95,7 @@ func run() error {
 			return errors.New("payment service timed out") // the invoice above rolls back
 		}
 		return nil
-	})
+	}))
 	go func() { _ = router.Run(ctx) }()
 	<-router.Running()
 

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
@@ -192,15 +193,33 @@ func (f *durationFlag) Set(s string) error {
 	return err
 }
 
+// maxDays is the most whole days a time.Duration holds (about 292 years):
+// more would wrap around, 213504d to 25 minutes.
+const maxDays = int64(math.MaxInt64 / (24 * time.Hour))
+
 func parseDuration(s string) (time.Duration, error) {
+	negative := fmt.Errorf("%q: a duration cannot be negative", s)
 	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
-		if err != nil {
+		// Out of range, ParseInt returns the extreme of the right sign.
+		n, err := strconv.ParseInt(days, 10, 64)
+		switch {
+		case err != nil && !errors.Is(err, strconv.ErrRange):
 			return 0, fmt.Errorf("%q: want whole days (14d) or a Go duration (336h)", s)
+		case n < 0:
+			return 0, negative
+		case n > maxDays:
+			return 0, fmt.Errorf("%q: at most %dd (about 292 years)", s, maxDays)
 		}
 		return time.Duration(n) * 24 * time.Hour, nil
 	}
-	return time.ParseDuration(s)
+	d, err := time.ParseDuration(s) // refuses overflows itself
+	if err != nil {
+		return 0, err
+	}
+	if d < 0 {
+		return 0, negative
+	}
+	return d, nil
 }
 
 // consumerRetention collects repeated -consumer-retention consumer=duration.

@@ -141,3 +141,37 @@ func TestSQLite(t *testing.T) {
 	require.Contains(t, out, "removed 1 rows from watermill_inbox")
 	require.Equal(t, 1, count(t, db, "watermill_inbox"))
 }
+
+// Durations that do not fit a time.Duration, negative ones and timeouts the
+// database cannot take exit 2 and delete nothing. 213504d used to wrap
+// around to 25 minutes, which with -allow-short-retention purged nearly
+// every row.
+func TestDurationsOutOfRange(t *testing.T) {
+	t.Parallel()
+	db, table := inbox(t)
+	dsn := testdb.PostgresDSN()
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"-retention", "213504d"}, `"213504d": at most 106751d`},
+		{[]string{"-retention", "99999999999999999999d"}, "at most 106751d"},
+		{[]string{"-retention", "2d", "-consumer-retention", "billing=213504d"}, "at most 106751d"},
+		{[]string{"-retention", "2d", "-min-retention", "213504d"}, "at most 106751d"},
+		{[]string{"-retention", "-5d"}, `"-5d": a duration cannot be negative`},
+		{[]string{"-retention", "-99999999999999999999d"}, "cannot be negative"},
+		{[]string{"-retention", "-48h"}, "cannot be negative"},
+		{[]string{"-retention", "9999999999h"}, "invalid duration"},
+		{[]string{"-retention", "2d", "-statement-timeout", "600h"}, "StatementTimeout 600h0m0s is above 596h31m23.647s"},
+	} {
+		args := append([]string{"-dsn", dsn, "-table", table, "-allow-short-retention"}, tc.args...)
+		code, out, errOut := runCmd(args...)
+		require.Equal(t, exitUsage, code, "%v: %s%s", tc.args, out, errOut)
+		require.Contains(t, errOut, tc.err, "%v", tc.args)
+	}
+	require.Equal(t, 47, count(t, db, table))
+
+	code, out, errOut := runCmd("-dsn", dsn, "-table", table, "-retention", "106751d", "-dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "would remove 0 rows")
+}

@@ -25,7 +25,7 @@ import (
 func testEachEventHasOneEffect(t *testing.T, target Target) {
 	b := setup(t, target)
 	ps := pubsub()
-	runRouter(t, func(r *message.Router) {
+	RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(b.middleware(t, inbox.Config{}))
 		r.AddConsumerHandler("billing", "events", ps, message.NoPublishHandlerFunc(func(msg *message.Message) error {
 			return b.writeEffect(msg)
@@ -69,7 +69,7 @@ func testRacingRoutersOneWinner(t *testing.T, target Target) {
 	var processed atomic.Int64
 	for i := range 2 {
 		mw, _ := b.freshMiddleware(t, inbox.Config{Consumer: "billing"})
-		runRouter(t, func(r *message.Router) {
+		RunRouter(t, func(r *message.Router) {
 			r.AddMiddleware(mw)
 			r.AddConsumerHandler(fmt.Sprintf("router-%d", i), "events", ps, message.NoPublishHandlerFunc(func(msg *message.Message) error {
 				processed.Add(1)
@@ -127,7 +127,7 @@ func testHandlerErrorRollsBack(t *testing.T, target Target) {
 	b := setup(t, target)
 	ps := pubsub()
 	boom := errors.New("boom")
-	runRouter(t, func(r *message.Router) {
+	RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(b.middleware(t, inbox.Config{}))
 		r.AddConsumerHandler("billing", "events", ps, func(msg *message.Message) error {
 			_, err := b.handler(func(_ string, attempt int) error {
@@ -179,7 +179,7 @@ func testHandlerPanicRollsBack(t *testing.T, target Target) {
 func testPanicUnderRecovererIsRedelivered(t *testing.T, target Target) {
 	b := setup(t, target)
 	ps := pubsub()
-	runRouter(t, func(r *message.Router) {
+	RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(middleware.Recoverer, b.middleware(t, inbox.Config{}))
 		r.AddConsumerHandler("billing", "events", ps, func(msg *message.Message) error {
 			_, err := b.handler(func(_ string, attempt int) error {
@@ -201,7 +201,7 @@ func testPanicUnderRecovererIsRedelivered(t *testing.T, target Target) {
 func testConsumersAreIndependent(t *testing.T, target Target) {
 	b := setup(t, target)
 	ps := pubsub()
-	runRouter(t, func(r *message.Router) {
+	RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(b.middleware(t, inbox.Config{}))
 		for _, name := range []string{"invoicing", "analytics"} {
 			r.AddConsumerHandler(name, "events", ps, message.NoPublishHandlerFunc(func(msg *message.Message) error {
@@ -521,6 +521,69 @@ func testAfterCommitHooks(t *testing.T, target Target) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"a:1", "a:2"}, ran)
 	require.ErrorIs(t, inbox.AfterCommit(context.Background(), func(context.Context) error { return nil }), inbox.ErrNotInInbox)
+}
+
+// observed records the last observation.
+type observed struct{ ob inbox.Observation }
+
+func (o *observed) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+	return ctx, func(ob inbox.Observation) { o.ob = ob }
+}
+
+// A hook that panics or fails after the commit loses only its own effect:
+// the message is processed (observed so, with the hooks' failures) and
+// acked, the hooks after it still run, the effect stays committed once.
+func testAfterCommitHookPanics(t *testing.T, target Target) {
+	b := setup(t, target)
+	obs := &observed{}
+	mw := b.middleware(t, inbox.Config{Consumer: "c", Observer: obs})
+	var ran []string
+	h := func(msg *message.Message) ([]*message.Message, error) {
+		for _, hook := range []func(context.Context) error{
+			func(context.Context) error { ran = append(ran, "first"); return nil },
+			func(context.Context) error { panic("hook exploded") },
+			func(context.Context) error { ran = append(ran, "third"); return errors.New("hook failed") },
+			func(context.Context) error { ran = append(ran, "fourth"); return nil },
+		} {
+			require.NoError(t, inbox.AfterCommit(msg.Context(), hook))
+		}
+		return nil, b.writeEffect(msg)
+	}
+	var err error
+	require.NotPanics(t, func() { _, err = call(mw, h, newMsg("a")) })
+	require.NoError(t, err, "the transaction committed: the message is acked")
+	require.Equal(t, []string{"first", "third", "fourth"}, ran)
+	require.Equal(t, inbox.OutcomeProcessed, obs.ob.Outcome)
+	require.NoError(t, obs.ob.Err)
+	require.ErrorContains(t, obs.ob.AfterCommitErr, "after-commit hook panicked: hook exploded")
+	require.ErrorContains(t, obs.ob.AfterCommitErr, "hook failed")
+	require.Equal(t, once("c", "a"), b.effectCounts(t))
+
+	_, err = call(mw, h, newMsg("a"))
+	require.NoError(t, err)
+	require.Equal(t, inbox.OutcomeDuplicate, obs.ob.Outcome)
+	require.NoError(t, obs.ob.AfterCommitErr)
+	require.Equal(t, once("c", "a"), b.effectCounts(t))
+}
+
+// A hook registered once the transaction has ended, committed or rolled
+// back (a context kept past the handler, a goroutine it started), would
+// never run: AfterCommit says so instead of returning nil.
+func testAfterCommitAfterTheHandler(t *testing.T, target Target) {
+	b := setup(t, target)
+	mw := b.middleware(t, inbox.Config{Consumer: "c"})
+	for _, fail := range []error{nil, errors.New("fail")} {
+		var kept context.Context
+		late := make(chan error, 1)
+		_, err := call(mw, func(msg *message.Message) ([]*message.Message, error) {
+			kept = msg.Context()
+			return nil, fail
+		}, newMsg(fmt.Sprintf("late-%v", fail != nil)))
+		require.ErrorIs(t, err, fail)
+		go func() { late <- inbox.AfterCommit(kept, func(context.Context) error { panic("must never run") }) }()
+		require.ErrorIs(t, <-late, inbox.ErrTxEnded)
+		require.ErrorIs(t, inbox.AfterCommit(kept, func(context.Context) error { panic("must never run") }), inbox.ErrTxEnded)
+	}
 }
 
 // The message leaves the middleware with the context it came in with.

@@ -101,6 +101,8 @@ func Run(t *testing.T, target Target) {
 		{"InFlightRollbackLetsDuplicateThrough", testInFlightRollbackLetsDuplicateThrough},
 		{"ClaimTimeout", testClaimTimeout},
 		{"AfterCommitHooks", testAfterCommitHooks},
+		{"AfterCommitHookPanics", testAfterCommitHookPanics},
+		{"AfterCommitAfterTheHandler", testAfterCommitAfterTheHandler},
 		{"ContextRestored", testContextRestored},
 		{"UUIDEventIDs", testUUIDEventIDs},
 		{"SchemaIdempotent", testSchemaIdempotent},
@@ -108,6 +110,10 @@ func Run(t *testing.T, target Target) {
 		{"IDReuseLegacyRows", testIDReuseLegacyRows},
 		{"StaleEvents", testStaleEvents},
 		{"OldestClaim", testOldestClaim},
+		{"RetryInsideAfterStatementError", testRetryInsideAfterStatementError},
+		{"PoisonQueueInsideAfterStatementError", testPoisonQueueInsideAfterStatementError},
+		{"UnusedTxReported", testUnusedTxReported},
+		{"FixedConsumerFromTwoHandlers", testFixedConsumerFromTwoHandlers},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -304,9 +310,9 @@ func pubsub() *gochannel.GoChannel {
 	return gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 }
 
-// runRouter starts a router configured by add and stops it when the test
+// RunRouter starts a router configured by add and stops it when the test
 // ends.
-func runRouter(t *testing.T, add func(r *message.Router)) {
+func RunRouter(t *testing.T, add func(r *message.Router)) {
 	t.Helper()
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

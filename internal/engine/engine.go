@@ -12,8 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -36,6 +38,8 @@ var (
 	ErrInFlight       = errors.New("inbox: another delivery of this event is still being processed; retry later")
 	ErrEventIDReused  = errors.New("inbox: event id reused for a different event")
 	ErrStaleEvent     = errors.New("inbox: event is older than MaxEventAge")
+	ErrMiswired       = errors.New("inbox: middleware miswired")
+	ErrTxEnded        = errors.New("inbox: the inbox transaction has already ended, so this AfterCommit hook would never run; register hooks before the handler returns")
 )
 
 // MaxFingerprintLength is inbox.MaxFingerprintLength.
@@ -80,6 +84,9 @@ type Observation struct {
 	ClaimStart    time.Time
 	ClaimDuration time.Duration
 	Duration      time.Duration
+	// AfterCommitErr joins the errors and panics of the after-commit hooks
+	// of a processed message.
+	AfterCommitErr error
 }
 
 // AdaptObserver turns an inbox.Observer, which this package cannot name,
@@ -127,6 +134,13 @@ type Engine[T any] struct {
 	MaxEventAge time.Duration
 	EventTime   func(msg *message.Message) (time.Time, bool)
 	StaleEvents int
+
+	// ShareConsumer lets a fixed Consumer serve several handler names.
+	ShareConsumer bool
+
+	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
+	txUseMu      sync.RWMutex
+	txUse        map[string]txUse // per consumer, for reportUnusedTx
 }
 
 // Middleware wraps h.
@@ -175,6 +189,10 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		return nil, err
 	}
 	ob.Consumer = consumer
+	if err := e.checkWiring(msg, consumer); err != nil {
+		ob.Outcome = OutcomeClaimFailed
+		return nil, err
+	}
 	eventID, err := e.eventID(msg)
 	if err != nil {
 		ob.Outcome = OutcomeMissingID
@@ -242,10 +260,14 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 		return nil, nil
 	}
 
-	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID, StandsIn: standIn != nil}
+	s := &Session{Tx: tx, Consumer: consumer, EventID: eventID, msg: msg}
+	defer s.end()
 	hctx := context.WithValue(ctx, sessionKey{}, s)
 	if standIn != nil {
 		hctx = standIn(hctx, tx)
+		// The handler may take it through the subscriber's accessor,
+		// which the middleware cannot see (reportUnusedTx).
+		s.MarkTxTaken()
 	}
 	msg.SetContext(hctx)
 	defer msg.SetContext(ctx)
@@ -261,11 +283,16 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	}()
 
 	ob.Outcome = OutcomeRolledBack
+	poisoned := msg.Metadata.Get(poisonReasonKey)
 	produced, err := h(msg)
 	if err != nil {
 		return nil, err
 	}
+	if stop, err := e.checkHandlerCall(s, msg, poisoned); stop {
+		return nil, err
+	}
 	if e.Publisher != nil && len(produced) > 0 {
+		s.MarkTxTaken()
 		if err := e.publishInTx(ctx, tx, produced); err != nil {
 			return nil, err
 		}
@@ -277,7 +304,8 @@ func (e *Engine[T]) process(h message.HandlerFunc, msg *message.Message, ob *Obs
 	}
 	committed = true
 	ob.Outcome = OutcomeProcessed
-	e.runHooks(ctx, s)
+	e.reportUnusedTx(s, msg)
+	ob.AfterCommitErr = e.runHooks(ctx, s)
 	return produced, nil
 }
 
@@ -372,21 +400,40 @@ func (e *Engine[T]) publishInTx(ctx context.Context, tx T, produced []*message.M
 	return nil
 }
 
-func (e *Engine[T]) runHooks(ctx context.Context, s *Session) {
-	s.mu.Lock()
-	hooks := s.hooks
-	s.mu.Unlock()
+// runHooks runs the session's after-commit hooks in order and returns
+// their failures. A hook that fails or panics loses only its own effect:
+// the transaction has committed, so the message is still processed and
+// acked, and the hooks after it still run.
+func (e *Engine[T]) runHooks(ctx context.Context, s *Session) error {
+	hooks := s.end()
 	if len(hooks) == 0 {
-		return
+		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
+	var errs []error
 	for _, fn := range hooks {
-		if err := fn(ctx); err != nil {
-			e.Logger.Error("Inbox: after-commit hook failed; its effect is lost for this event", err, watermill.LogFields{
-				"consumer": s.Consumer, "event_id": s.EventID,
-			})
+		stack, err := runHook(ctx, fn)
+		if err == nil {
+			continue
 		}
+		fields := watermill.LogFields{"consumer": s.Consumer, "event_id": s.EventID}
+		if stack != nil {
+			fields["stack"] = string(stack)
+		}
+		e.Logger.Error("Inbox: after-commit hook failed; its effect is lost for this event", err, fields)
+		errs = append(errs, err)
 	}
+	return errors.Join(errs...)
+}
+
+// runHook calls fn, turning a panic into an error, with the panic's stack.
+func runHook(ctx context.Context, fn func(context.Context) error) (stack []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			stack, err = debug.Stack(), fmt.Errorf("inbox: after-commit hook panicked: %v", r)
+		}
+	}()
+	return nil, fn(ctx)
 }
 
 // Session is what the middleware puts in the message context for the
@@ -396,13 +443,15 @@ type Session struct {
 	Tx       any
 	Consumer string
 	EventID  string
-	// StandsIn: Tx also stands in for a watermill-sql subscriber's
-	// transaction in the handler's context, where the handler reaches it
-	// through that package's TxFromContext.
-	StandsIn bool
 
 	mu    sync.Mutex
 	hooks []func(context.Context) error
+	ended bool
+
+	msg         *message.Message // the message the session was opened for
+	txTaken     atomic.Bool      // the handler asked for Tx
+	txNotNeeded atomic.Bool      // the handler declared it writes nothing in SQL
+	calls       atomic.Int32     // handler calls through inbox.Handler
 }
 
 type sessionKey struct{}
@@ -414,11 +463,26 @@ func SessionFrom(ctx context.Context) *Session {
 	return s
 }
 
-// AfterCommit registers fn to run after the session's commit.
-func (s *Session) AfterCommit(fn func(context.Context) error) {
+// AfterCommit registers fn to run after the session's commit. Once the
+// transaction has ended it returns ErrTxEnded: fn would never run.
+func (s *Session) AfterCommit(fn func(context.Context) error) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return ErrTxEnded
+	}
 	s.hooks = append(s.hooks, fn)
-	s.mu.Unlock()
+	return nil
+}
+
+// end closes the session to new hooks and returns those registered.
+func (s *Session) end() []func(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = true
+	hooks := s.hooks
+	s.hooks = nil
+	return hooks
 }
 
 // ValidateConsumer keeps consumer names readable in the table and in logs.

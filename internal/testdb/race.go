@@ -46,3 +46,26 @@ func RaceClaims(t *testing.T, events, racers int, claim func(id string) (commit 
 		require.Equal(t, 1, winners[id], id)
 	}
 }
+
+// RaceDeliveries delivers copies of each of events event ids ("ev-0", ...)
+// at once: copy c of an id goes through deliver(c, id), so copies can take
+// different paths (stores, drivers). Every delivery must succeed; the
+// caller counts what its handlers did.
+func RaceDeliveries(t *testing.T, events, copies int, deliver func(copy int, id string) error) {
+	t.Helper()
+	var (
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+	)
+	for e := range events {
+		id := fmt.Sprintf("ev-%d", e)
+		for c := range copies {
+			wg.Go(func() {
+				<-start
+				require.NoError(t, deliver(c, id), "copy %d of %s", c, id)
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+}

@@ -320,7 +320,7 @@ func RunRouter(t testing.TB, sub message.Subscriber, topic string, handler messa
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: WaitFor}, nil)
 	require.NoError(t, err)
 	router.AddMiddleware(mws...)
-	router.AddNoPublisherHandler("counter", topic, sub, handler)
+	router.AddConsumerHandler("counter", topic, sub, handler)
 	done := make(chan error, 1)
 	go func() { done <- router.Run(context.Background()) }()
 	select {

@@ -1,0 +1,44 @@
+package inbox
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/engine"
+)
+
+// Handler wraps h in the inbox middleware mw (from [NewMiddleware] or
+// pgxinbox.NewMiddleware), for [message.Router.AddHandler]. The inbox is then
+// the innermost layer by construction: every middleware added to the router
+// or to the handler, in any order, wraps it from outside, so a Retry gets a
+// new transaction per attempt and a PoisonQueue sees the rollback. Added with
+// [message.Router.AddMiddleware] instead, the inbox is only as inner as the
+// order of the calls makes it.
+//
+// The returned function refuses, with [ErrMiswired], to call h outside an inbox
+// transaction (mw is not the inbox) or twice in one transaction.
+func Handler(mw message.HandlerMiddleware, h message.HandlerFunc) message.HandlerFunc {
+	return mw(func(msg *message.Message) ([]*message.Message, error) {
+		s := engine.SessionFrom(msg.Context())
+		if s == nil {
+			return nil, fmt.Errorf("%w: inbox.Handler was given a middleware that is not the inbox (inbox.NewMiddleware, pgxinbox.NewMiddleware)", ErrMiswired)
+		}
+		if err := s.EnterHandler(); err != nil {
+			return nil, err
+		}
+		return h(msg)
+	})
+}
+
+// ConsumerHandler is [Handler] for [message.Router.AddConsumerHandler], whose
+// handlers return no messages.
+func ConsumerHandler(mw message.HandlerMiddleware, h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
+	wrapped := Handler(mw, func(msg *message.Message) ([]*message.Message, error) {
+		return nil, h(msg)
+	})
+	return func(msg *message.Message) error {
+		_, err := wrapped(msg)
+		return err
+	}
+}

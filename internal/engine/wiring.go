@@ -1,0 +1,125 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// poisonReasonKey is Watermill's middleware.ReasonForPoisonedKey, the
+// metadata PoisonQueue sets on a message it takes. Spelled out so that the
+// library does not link Watermill's middleware package.
+const poisonReasonKey = "reason_poisoned"
+
+// checkWiring refuses, before any SQL, a message the middleware would handle
+// wrongly because of how it is wired.
+func (e *Engine[T]) checkWiring(msg *message.Message, consumer string) error {
+	// The same message already inside a session: the middleware wraps
+	// itself. The inner claim would wait forever on the outer one's row
+	// lock, or, under another consumer name, commit apart from it.
+	if outer := SessionFrom(msg.Context()); outer != nil && outer.msg == msg {
+		return fmt.Errorf("%w: the message is already inside an inbox transaction (consumer %q): the inbox middleware is applied twice, for example with router.AddMiddleware and inbox.Handler; keep one", ErrMiswired, outer.Consumer)
+	}
+	if e.Consumer == "" || e.ShareConsumer {
+		return nil
+	}
+	name := message.HandlerNameFromCtx(msg.Context())
+	if name == "" {
+		return nil
+	}
+	first := e.fixedHandler.Load()
+	if first == nil {
+		claimed := name // only this copy escapes: no allocation per message
+		e.fixedHandler.CompareAndSwap(nil, &claimed)
+		first = e.fixedHandler.Load()
+	}
+	if *first != name {
+		return fmt.Errorf("%w: handlers %q and %q both reach the fixed consumer %q (inbox.Config.Consumer), so they would share one claim per event and each event would run in only one of them; leave Consumer empty to key each handler by its name, give each handler a middleware of its own, or set ShareConsumer if one of them is enough", ErrMiswired, *first, name, consumer)
+	}
+	return nil
+}
+
+// checkHandlerCall looks, after the handler chain returned success, for
+// middlewares inside the inbox that repeated or swallowed a handler call;
+// stop means the transaction must not commit, and err is the message's
+// result.
+func (e *Engine[T]) checkHandlerCall(s *Session, msg *message.Message, poisonedBefore string) (stop bool, err error) {
+	if n := s.calls.Load(); n > 1 {
+		return true, errCalledTwice(s, n)
+	}
+	// PoisonQueue inside the inbox turned the handler's error into a
+	// success: committing would keep the failed attempt's writes and the
+	// claim, and the event could never be replayed from the poison queue.
+	// Rolling back instead is what PoisonQueue outside the inbox does.
+	if reason := msg.Metadata.Get(poisonReasonKey); reason != "" && reason != poisonedBefore {
+		e.Logger.Error("Inbox: a PoisonQueue middleware inside the inbox took this message; its transaction is rolled back instead of committed, and the message is acked. Put PoisonQueue outside the inbox: wrap the handler with inbox.Handler, or add the inbox last", ErrMiswired, watermill.LogFields{
+			"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": msg.UUID, "reason_poisoned": reason,
+		})
+		return true, nil
+	}
+	return false, nil
+}
+
+func errCalledTwice(s *Session, n int32) error {
+	return fmt.Errorf("%w: the handler was called %d times in one inbox transaction (consumer %q, event %s): a middleware between the inbox and the handler repeats calls (Retry, Duplicator); those writes would all commit together", ErrMiswired, n, s.Consumer, Quote(s.EventID))
+}
+
+type txUse int
+
+const (
+	txUsed txUse = iota + 1
+	txUnusedReported
+)
+
+// reportUnusedTx logs, once per consumer, a handler that succeeded without
+// taking the transaction: whatever it wrote went around the claim. A
+// consumer that took the transaction for an earlier message is not
+// reported, so that a handler which skips events it does not care about is
+// not taken for a miswired one.
+func (e *Engine[T]) reportUnusedTx(s *Session, msg *message.Message) {
+	if s.txNotNeeded.Load() {
+		return
+	}
+	// A map under a read lock rather than a sync.Map, whose any keys would
+	// cost an allocation per message.
+	taken := s.txTaken.Load()
+	e.txUseMu.RLock()
+	use := e.txUse[s.Consumer]
+	e.txUseMu.RUnlock()
+	if use == txUsed || (use == txUnusedReported && !taken) {
+		return
+	}
+	e.txUseMu.Lock()
+	defer e.txUseMu.Unlock()
+	if e.txUse == nil {
+		e.txUse = map[string]txUse{}
+	}
+	if taken {
+		e.txUse[s.Consumer] = txUsed
+		return
+	}
+	if e.txUse[s.Consumer] != 0 {
+		return
+	}
+	e.txUse[s.Consumer] = txUnusedReported
+	e.Logger.Error("Inbox: the handler succeeded without taking the inbox transaction, so none of its SQL writes commit with the claim: after a crash its redelivery is acked as a duplicate and a write made elsewhere is lost or doubled. Write through inbox.TxFromContext(msg.Context()) (pgxinbox.TxFromContext with pgx), not through the *sql.DB or another transaction; if the handler deliberately writes nothing in SQL, call inbox.TxNotNeeded(msg.Context()) in it. Logged once per consumer", ErrMiswired, watermill.LogFields{
+		"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": msg.UUID,
+	})
+}
+
+// MarkTxTaken records that the handler took the session's transaction.
+func (s *Session) MarkTxTaken() { s.txTaken.Store(true) }
+
+// MarkTxNotNeeded records that the handler deliberately writes nothing in
+// SQL.
+func (s *Session) MarkTxNotNeeded() { s.txNotNeeded.Store(true) }
+
+// EnterHandler counts a handler call through inbox.Handler and refuses the
+// second one within the session.
+func (s *Session) EnterHandler() error {
+	if n := s.calls.Add(1); n > 1 {
+		return errCalledTwice(s, n)
+	}
+	return nil
+}
