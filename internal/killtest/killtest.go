@@ -1,0 +1,118 @@
+// Package killtest crashes consumers for real: a test runs itself again as a
+// child process, the child consumes and kills itself with SIGKILL at the
+// worst moment (its transaction committed, its ack not sent), and the parent
+// checks how it died and what it left in the database.
+//
+// A test that uses it starts with
+//
+//	var spec mySpec
+//	if killtest.Child(&spec) {
+//		... consume, with killtest.AfterCommit(n) in the handler ...
+//		return
+//	}
+//
+// and later calls killtest.Run(t, spec), which re-executes the test binary
+// with only this test selected and spec in its environment.
+package killtest
+
+import (
+	"context"
+	stdsql "database/sql"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	inbox "github.com/watermill-inbox/inbox"
+)
+
+// specEnv carries the child's spec, as JSON.
+const specEnv = "INBOX_KILLTEST_SPEC"
+
+// Timeout bounds a child's life and the parent's waits.
+const Timeout = 30 * time.Second
+
+// Child reports whether this process is a child started by Run, and decodes
+// its spec into spec.
+func Child(spec any) bool {
+	raw := os.Getenv(specEnv)
+	if raw == "" {
+		return false
+	}
+	if err := json.Unmarshal([]byte(raw), spec); err != nil {
+		panic("killtest: decoding the child's spec: " + err.Error())
+	}
+	return true
+}
+
+// Run runs t again in a child process with spec, waits until it is dead,
+// checks that it died of SIGKILL, and returns its output.
+func Run(t *testing.T, spec any) []byte {
+	t.Helper()
+	raw, err := json.Marshal(spec)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	// A subtest "A/B" is selected by "^A$/^B$".
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+strings.ReplaceAll(t.Name(), "/", "$/^")+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), specEnv+"="+string(raw))
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "child output:\n%s", out)
+	status, ok := exit.Sys().(syscall.WaitStatus)
+	require.True(t, ok && status.Signaled() && status.Signal() == syscall.SIGKILL, "child did not die of SIGKILL: %v\n%s", err, out)
+	return out
+}
+
+// AfterCommit returns a handler step (effects.RunConfig.AfterEffect) that
+// makes the process SIGKILL itself right after the n-th message's
+// transaction committed: its effect is in the database, its ack never left.
+func AfterCommit(n int64) func(msg *message.Message) error {
+	var handled atomic.Int64
+	return func(msg *message.Message) error {
+		if handled.Add(1) != n {
+			return nil
+		}
+		return inbox.AfterCommit(msg.Context(), func(context.Context) error {
+			return syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		})
+	}
+}
+
+// Linger keeps a child alive until its kill; a child still alive after
+// Timeout fails.
+func Linger(t *testing.T) {
+	time.Sleep(Timeout)
+	t.Fatal("the child was not killed")
+}
+
+// WithAppName tags a PostgreSQL DSN so the parent can find the child's
+// connections.
+func WithAppName(dsn, name string) string {
+	if !strings.Contains(dsn, "://") {
+		return dsn + " application_name=" + name
+	}
+	if strings.Contains(dsn, "?") {
+		return dsn + "&application_name=" + name
+	}
+	return dsn + "?application_name=" + name
+}
+
+// WaitDisconnected waits until PostgreSQL has no connection tagged appName:
+// it has then finished (committed or rolled back) every transaction the dead
+// child had open, and the effects it committed are final.
+func WaitDisconnected(t testing.TB, db *stdsql.DB, appName string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n))
+		return n == 0
+	}, Timeout, 20*time.Millisecond)
+}
