@@ -27,6 +27,19 @@ import (
 // WaitFor bounds every wait of the package.
 const WaitFor = 30 * time.Second
 
+// PublishEvents publishes n new events to topic and returns their ids
+// (msg.UUID).
+func PublishEvents(t testing.TB, pub message.Publisher, topic string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"n":%d}`, i))
+		ids[i] = msg.UUID
+		require.NoError(t, pub.Publish(topic, msg))
+	}
+	return ids
+}
+
 // Service is a consumer with its own inbox and effect tables.
 type Service struct {
 	Name    string // handler name, hence inbox consumer
@@ -45,7 +58,14 @@ type Service struct {
 // NewService creates a service with its own inbox and effect tables.
 func NewService(t testing.TB, db *stdsql.DB, name string) *Service {
 	t.Helper()
-	s := OpenService(t, db, name, testdb.Table(t, db, "inbox"), testdb.Table(t, db, "effects"))
+	return NewServiceWith(t, db, name, sqlinbox.Config{})
+}
+
+// NewServiceWith is NewService with a store configuration; its Dialect and
+// Table are the service's.
+func NewServiceWith(t testing.TB, db *stdsql.DB, name string, config sqlinbox.Config) *Service {
+	t.Helper()
+	s := openService(t, db, name, testdb.Table(t, db, "inbox"), testdb.Table(t, db, "effects"), config)
 	require.NoError(t, s.Store.CreateSchema(context.Background()))
 	_, err := db.Exec(`CREATE TABLE ` + s.Effects + ` (id bigserial PRIMARY KEY, event_id text NOT NULL)`)
 	require.NoError(t, err)
@@ -55,7 +75,13 @@ func NewService(t testing.TB, db *stdsql.DB, name string) *Service {
 // OpenService uses tables another process created.
 func OpenService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string) *Service {
 	t.Helper()
-	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: inboxTable})
+	return openService(t, db, name, inboxTable, effects, sqlinbox.Config{})
+}
+
+func openService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string, config sqlinbox.Config) *Service {
+	t.Helper()
+	config.Dialect, config.Table = sqlinbox.PostgreSQL, inboxTable
+	store, err := sqlinbox.New(db, config)
 	require.NoError(t, err)
 	return &Service{Name: name, DB: db, Store: store, Inbox: inboxTable, Effects: effects, outcomes: map[inbox.Outcome]int64{}}
 }
@@ -76,6 +102,8 @@ type RunConfig struct {
 	EffectKey func(msg *message.Message) string
 	// Logger is the router's. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// Inbox adjusts the middleware's configuration.
+	Inbox func(*inbox.Config)
 }
 
 // Run consumes topic with sub until the returned stop function is called
@@ -88,7 +116,11 @@ func (s *Service) Run(t testing.TB, sub message.Subscriber, topic string, rc Run
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
 	require.NoError(t, err)
-	mw, err := inbox.NewMiddleware(inbox.Config{Store: s.Store, ProducedPublisher: rc.ProducedPublisher, Observer: s})
+	config := inbox.Config{Store: s.Store, ProducedPublisher: rc.ProducedPublisher, Observer: s}
+	if rc.Inbox != nil {
+		rc.Inbox(&config)
+	}
+	mw, err := inbox.NewMiddleware(config)
 	require.NoError(t, err)
 
 	h := router.AddHandler(s.Name, topic, sub, rc.PublishTopic, DiscardPublisher{}, s.handle(rc))

@@ -64,7 +64,7 @@ func TestConsumerKilledBeforeOffsetCommit(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	db, b, topic, billing := f.db, f.broker, f.topic, f.billing
-	ids := publishEvents(t, kafkaPublisher(t, b.addrs), topic, 40)
+	ids := effects.PublishEvents(t, kafkaPublisher(t, b.addrs), topic, 40)
 
 	appName := testdb.Name("killed")
 	killtest.Run(t, childSpec{
@@ -133,7 +133,7 @@ func TestConsumerGroupRebalance(t *testing.T) {
 		}
 	}
 	stopFirst := billing.Run(t, kafkaSubscriber(t, b.addrs, "billing"), topic, effects.RunConfig{Outer: holdTenth})
-	ids := publishEvents(t, pub, topic, 30)
+	ids := effects.PublishEvents(t, pub, topic, 30)
 	<-tenth
 	generation := b.GroupInfo("billing").Epoch
 	billing.Run(t, kafkaSubscriber(t, b.addrs, "billing"), topic, effects.RunConfig{})
@@ -149,9 +149,9 @@ func TestConsumerGroupRebalance(t *testing.T) {
 	// A third member joins, then the first one leaves, while events keep
 	// coming.
 	billing.Run(t, kafkaSubscriber(t, b.addrs, "billing"), topic, effects.RunConfig{})
-	ids = append(ids, publishEvents(t, pub, topic, 30)...)
+	ids = append(ids, effects.PublishEvents(t, pub, topic, 30)...)
 	stopFirst()
-	ids = append(ids, publishEvents(t, pub, topic, 30)...)
+	ids = append(ids, effects.PublishEvents(t, pub, topic, 30)...)
 	b.waitDrained(t, "billing", topic)
 
 	billing.RequireExactlyOnce(t, ids)
@@ -173,7 +173,7 @@ func TestOperatorReplaysTopic(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	b, topic, billing := f.broker, f.topic, f.billing
-	ids := publishEvents(t, kafkaPublisher(t, b.addrs), topic, 40)
+	ids := effects.PublishEvents(t, kafkaPublisher(t, b.addrs), topic, 40)
 
 	stop := billing.Run(t, kafkaSubscriber(t, b.addrs, "billing"), topic, effects.RunConfig{})
 	b.waitDrained(t, "billing", topic)

@@ -132,19 +132,6 @@ func kafkaSubscriberWith(t testing.TB, addrs []string, group string, config *sar
 	return sub
 }
 
-// publishEvents publishes n new events straight to Kafka and returns their
-// ids (msg.UUID).
-func publishEvents(t testing.TB, pub message.Publisher, topic string, n int) []string {
-	t.Helper()
-	ids := make([]string, n)
-	for i := range ids {
-		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"n":%d}`, i))
-		ids[i] = msg.UUID
-		require.NoError(t, pub.Publish(topic, msg))
-	}
-	return ids
-}
-
 // fixture is what every cause test starts with: PostgreSQL, a broker, a
 // topic and the billing service that consumes it.
 type fixture struct {
