@@ -250,4 +250,3 @@ func TestAMQPPublisherRetriesAfterLostConfirm(t *testing.T) {
 	require.EqualValues(t, lost, billing.Outcomes()[inbox.OutcomeDuplicate])
 	report(t, start, ids, counted{"republished after a lost confirm": lost}, billing)
 }
-
