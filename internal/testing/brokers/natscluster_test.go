@@ -222,7 +222,7 @@ func TestNATSClusterLosesStreamLeader(t *testing.T) {
 	require.EqualValues(t, int64(copies), billing.Delivered.Load()-int64(len(ids)), "every delivery beyond the first of an event was skipped")
 	require.Positive(t, copies, "the leader's death redelivered messages in flight")
 	report(t, start, ids, counted{
-		"redelivered by JetStream": causes.count("redelivered by JetStream"),
+		"redelivered by JetStream":          causes.count("redelivered by JetStream"),
 		"stored twice by a retried publish": int(info.State.Msgs) - len(ids),
 	}, billing)
 }
