@@ -1,0 +1,136 @@
+package brokers_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/effects"
+	"github.com/watermill-inbox/inbox/internal/killtest"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+)
+
+// redisClient returns a client of its own: a watermill-redisstream
+// subscriber closes its client when it closes.
+func redisClient(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	require.NoError(t, c.Ping(context.Background()).Err(), "no Redis answers at %s (run ./test.sh, which starts one)", addr)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// redisStream returns a unique stream name; the stream is deleted at the end.
+func redisStream(t *testing.T) string {
+	t.Helper()
+	name := testdb.Name("orders")
+	c := redisClient(t, redisAddr())
+	t.Cleanup(func() { _ = c.Del(context.Background(), name).Err() })
+	return name
+}
+
+func redisPublisher(t *testing.T) *redisstream.Publisher {
+	t.Helper()
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: redisClient(t, redisAddr())}, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return pub
+}
+
+// redisMaxIdle is how long an entry stays pending with a consumer before
+// another consumer of the group claims it (watermill-redisstream's
+// MaxIdleTime; its default is a minute).
+const redisMaxIdle = time.Second
+
+// redisSubscriber is consumer name of the group "billing"; it claims
+// entries idle for redisMaxIdle, looking every 100ms.
+func redisSubscriber(t testing.TB, addr, name string) *redisstream.Subscriber {
+	t.Helper()
+	sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
+		Client:                        redisClient(t, addr),
+		Consumer:                      name,
+		ConsumerGroup:                 "billing",
+		ClaimInterval:                 100 * time.Millisecond,
+		MaxIdleTime:                   redisMaxIdle,
+		BlockTime:                     50 * time.Millisecond,
+		DisableIndefiniteInitialBlock: true,
+	}, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+type redisChild struct {
+	Addr, DSN, Service, Inbox, Effects, Stream string
+	DieAfter                                   int64
+}
+
+// A consumer process of the group is SIGKILLed right after its 15th commit.
+// The entries it read and did not acknowledge stay pending in its name; a
+// consumer of the same group claims them (XCLAIM) once they have been idle
+// for MaxIdleTime. The one whose effect committed is a duplicate.
+func TestRedisPendingEntriesClaimed(t *testing.T) {
+	var spec redisChild
+	if killtest.Child(&spec) {
+		db := testdb.Open(t, "pgx", spec.DSN)
+		s := effects.OpenService(t, db, spec.Service, spec.Inbox, spec.Effects)
+		s.Run(t, redisSubscriber(t, spec.Addr, "doomed"), spec.Stream, effects.RunConfig{
+			AfterEffect: killtest.AfterCommit(spec.DieAfter),
+		})
+		killtest.Linger(t)
+		return
+	}
+	t.Parallel()
+	start := time.Now()
+	ctx := context.Background()
+	db := testdb.Postgres(t, "pgx")
+	stream := redisStream(t)
+	ids := effects.PublishEvents(t, redisPublisher(t), stream, 40)
+	billing := effects.NewService(t, db, "billing")
+
+	appName := testdb.Name("killed")
+	killtest.Run(t, redisChild{
+		Addr: redisAddr(), DSN: killtest.WithAppName(testdb.PostgresDSN(), appName),
+		Service: billing.Name, Inbox: billing.Inbox, Effects: billing.Effects,
+		Stream: stream, DieAfter: 15,
+	})
+	killtest.WaitDisconnected(t, db, appName)
+	committed := billing.EffectRows(t)
+	require.Equal(t, 15, committed)
+
+	// What the dead consumer read and did not acknowledge.
+	c := redisClient(t, redisAddr())
+	pending, err := c.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: "billing", Start: "-", End: "+", Count: 100}).Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, pending)
+	pendingIDs := map[string]bool{}
+	for _, p := range pending {
+		require.Equal(t, "doomed", p.Consumer)
+		entries, err := c.XRange(ctx, stream, p.ID, p.ID).Result()
+		require.NoError(t, err)
+		require.Len(t, entries, 1)
+		pendingIDs[entries[0].Values[redisstream.UUIDHeaderKey].(string)] = true
+	}
+
+	causes := newDeliveries(map[string]func(*message.Message) bool{
+		"claimed after idle time": func(msg *message.Message) bool { return pendingIDs[msg.UUID] },
+	})
+	billing.Run(t, redisSubscriber(t, redisAddr(), "survivor"), stream, effects.RunConfig{Outer: causes.middleware(nil)})
+	require.Eventually(t, func() bool {
+		n, err := c.XPending(ctx, stream, "billing").Result()
+		require.NoError(t, err)
+		return n.Count == 0 && billing.Handled.Load() == int64(len(ids)-committed)
+	}, effects.WaitFor, 20*time.Millisecond)
+	billing.RequireExactlyOnce(t, ids)
+
+	require.Equal(t, len(pending), causes.count("claimed after idle time"), "every pending entry was claimed once")
+	require.EqualValues(t, 1, billing.Outcomes()[inbox.OutcomeDuplicate], "the entry committed before the kill was skipped")
+	t.Logf("child committed %d effects and left %d entries pending", committed, len(pending))
+	report(t, start, ids, causes, billing)
+}
