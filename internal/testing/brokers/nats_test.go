@@ -89,7 +89,14 @@ func natsPublisher(t *testing.T, urls string) *wmnats.Publisher {
 // redelivers what is not acked within ackWait.
 func natsSubscriber(t testing.TB, urls string, ackWait time.Duration, subscriptions int) *wmnats.Subscriber {
 	t.Helper()
-	sub, err := wmnats.NewSubscriber(wmnats.SubscriberConfig{
+	sub, err := wmnats.NewSubscriber(natsSubscriberConfig(urls, ackWait, subscriptions), logger)
+	require.NoError(t, err, "no NATS answers at %s (run ./test.sh, which starts one with JetStream)", urls)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+func natsSubscriberConfig(urls string, ackWait time.Duration, subscriptions int) wmnats.SubscriberConfig {
+	return wmnats.SubscriberConfig{
 		URL:              urls,
 		NatsOptions:      natsOptions(),
 		QueueGroupPrefix: durable,
@@ -98,10 +105,7 @@ func natsSubscriber(t testing.TB, urls string, ackWait time.Duration, subscripti
 		CloseTimeout:     10 * time.Second,
 		Unmarshaler:      deliveryCounting{},
 		JetStream:        natsJetStream(ackWait),
-	}, logger)
-	require.NoError(t, err, "no NATS answers at %s (run ./test.sh, which starts one with JetStream)", urls)
-	t.Cleanup(func() { _ = sub.Close() })
-	return sub
+	}
 }
 
 // numDeliveredKey carries JetStream's delivery count of a message.
