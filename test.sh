@@ -293,6 +293,8 @@ if [ $# -eq 0 ]; then
 	in_module run ./_examples/quickstart >/dev/null
 	# The metrics example checks its own /metrics page and fails without the counters.
 	in_module run ./_examples/metrics -addr 127.0.0.1:0 >/dev/null
+	# NATS JetStream embedded in the process, redelivering three ways; it fails unless every order has one invoice.
+	in_module run ./_examples/nats-jetstream >/dev/null
 	# The complete loop on embedded Kafka; it fails unless every order has one invoice and one notification.
 	in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
 	exit 0
