@@ -284,7 +284,7 @@ if [ $# -eq 0 ]; then
 		# ./... skips directories starting with "_": name this module's examples.
 		examples=()
 		for d in _examples/*/; do
-			if [ "$(module_of "./$d")" = "$m" ]; then examples+=("./$d"); fi
+			if [ "$(module_of "./$d")" = "$m" ]; then examples+=("./$(realpath -m --relative-to="$m" "$d")"); fi
 		done
 		(cd "$m" && go vet ./... "${examples[@]}")
 		(cd "$m" && go test -race -count=1 ./...)

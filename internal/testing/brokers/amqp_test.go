@@ -190,28 +190,37 @@ func TestAMQPPublisherRetriesAfterLostConfirm(t *testing.T) {
 	db := testdb.Postgres(t, "pgx")
 	queue := amqpQueue(t)
 
+	// The relay publishes through a TCP proxy, so that the test can hold
+	// what RabbitMQ sends back and cut the connection.
 	u, err := url.Parse(amqpURL())
 	require.NoError(t, err)
-	proxy := toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()), "amqp", "127.0.0.1:0", u.Host)
-	require.NoError(t, proxy.Start())
-	t.Cleanup(proxy.Stop)
-	proxied := *u
-	proxied.Host = proxy.Listen
-	pubConfig := amqpConfig(proxied.String(), 10)
-	pubConfig.Publish.ConfirmDelivery = true
-	// A channel opened up front: a channel opened per publish would wait for
-	// its open-ok behind the held confirms.
-	pubConfig.Publish.ChannelPoolSize = 1
-	// The relay publishes until RabbitMQ confirms. After a failed publish it
-	// starts over with a new connection, as a restarted relay would (and
-	// because publishing while watermill-amqp v3.0.2 reconnects is a data
-	// race in its ConnectionWrapper).
-	pub := amqpPublisher(t, pubConfig)
-	republish := func(msg *message.Message) {
-		_ = pub.Close()
-		pub = amqpPublisher(t, pubConfig)
-		require.NoError(t, pub.Publish(queue, msg))
+	proxies := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	var (
+		proxy *toxiproxy.Proxy
+		pub   *amqp.Publisher
+	)
+	// connect starts a relay: a new proxy (on a port of its own: another
+	// connection may take a released one) and a publisher through it. After
+	// a failed publish the relay starts over, as a restarted relay would
+	// (and because publishing while watermill-amqp v3.0.2 reconnects is a
+	// data race in its ConnectionWrapper).
+	connect := func() {
+		if pub != nil {
+			_ = pub.Close()
+		}
+		proxy = toxiproxy.NewProxy(proxies, testdb.Name("amqp"), "127.0.0.1:0", u.Host)
+		require.NoError(t, proxy.Start())
+		t.Cleanup(proxy.Stop)
+		proxied := *u
+		proxied.Host = proxy.Listen
+		config := amqpConfig(proxied.String(), 10)
+		config.Publish.ConfirmDelivery = true
+		// A channel opened up front: a channel opened per publish would wait
+		// for its open-ok behind the held confirms.
+		config.Publish.ChannelPoolSize = 1
+		pub = amqpPublisher(t, config)
 	}
+	connect()
 
 	const n, loseEvery = 20, 5
 	var ids []string
@@ -233,12 +242,11 @@ func TestAMQPPublisherRetriesAfterLostConfirm(t *testing.T) {
 		go func() { failed <- pub.Publish(queue, msg) }()
 		require.Eventually(t, func() bool { return amqpReady(t, queue) == before+1 }, effects.WaitFor, 10*time.Millisecond)
 		proxy.Stop()
-		require.NoError(t, proxy.Toxics.RemoveToxic(t.Context(), "hold"))
-		require.NoError(t, proxy.Start())
 		err = <-failed
 		require.Error(t, err, "the publish whose confirm was lost must fail")
 		lost++
-		republish(msg)
+		connect()
+		require.NoError(t, pub.Publish(queue, msg))
 	}
 	require.Equal(t, n+lost, amqpReady(t, queue), "the queue holds every event plus the republished ones")
 

@@ -34,6 +34,11 @@ type natsNode struct {
 // kill SIGKILLs the node and waits for it to be gone.
 func (n *natsNode) kill(t *testing.T) {
 	t.Helper()
+	select {
+	case <-n.done:
+		return // exited already
+	default:
+	}
 	require.NoError(t, n.cmd.Process.Signal(syscall.SIGKILL))
 	<-n.done
 }
@@ -64,6 +69,9 @@ func startNATSCluster(t *testing.T, size int) []*natsNode {
 			return nodes
 		}
 		// Another program took a port between freePorts and the bind.
+		for _, n := range nodes {
+			n.kill(t)
+		}
 		require.Less(t, attempt, 5, "starting a NATS cluster: %v", err)
 	}
 }
@@ -106,11 +114,11 @@ func tryNATSCluster(t *testing.T, bin string, size int) ([]*natsNode, error) {
 			select {
 			case <-n.done:
 				out, _ := os.ReadFile(filepath.Join(dir, n.name+".log"))
-				return nil, fmt.Errorf("node %s exited: %s", n.name, out)
+				return nodes, fmt.Errorf("node %s exited: %s", n.name, out)
 			default:
 			}
 			if time.Now().After(deadline) {
-				return nil, errors.New("node " + n.name + " does not answer")
+				return nodes, errors.New("node " + n.name + " does not answer")
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
