@@ -155,3 +155,43 @@ func TestEventIDOverwrittenByCorrelationID(t *testing.T) {
 		})
 	}
 }
+
+// A message from a client that is not Watermill has no UUID header: it
+// unmarshals with an empty UUID, and the inbox refuses it with
+// inbox.ErrMissingEventID before any SQL; the handler never runs.
+func TestEventIDMissingFromForeignPublisher(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		publish func(t *testing.T) (topic string, sub message.Subscriber)
+	}{
+		{"amqp", func(t *testing.T) (string, message.Subscriber) {
+			queue := amqpQueue(t)
+			amqpChannel(t, func(ch *amqp091.Channel) {
+				require.NoError(t, ch.PublishWithContext(t.Context(), "", queue, false, false, amqp091.Publishing{Body: []byte(`{}`)}))
+			})
+			config := amqpConfig(amqpURL(), 10)
+			config.Consume.NoRequeueOnNack = true // or it comes back at once, forever
+			return queue, amqpSubscriber(t, config)
+		}},
+		{"nats", func(t *testing.T) (string, message.Subscriber) {
+			stream := natsStream(t, natsURL(), 1)
+			js, err := natsConnect(t, natsURL()).JetStream()
+			require.NoError(t, err)
+			_, err = js.Publish(stream, []byte(`{}`))
+			require.NoError(t, err)
+			return stream, natsSubscriber(t, natsURL(), 30*time.Second, 1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.Postgres(t, "pgx")
+			topic, sub := tc.publish(t)
+			billing := effects.NewService(t, db, "billing")
+			billing.Run(t, sub, topic, effects.RunConfig{})
+			require.Eventually(t, func() bool { return billing.Outcomes()[inbox.OutcomeMissingID] >= 1 }, effects.WaitFor, 20*time.Millisecond)
+			require.Zero(t, billing.Handled.Load())
+			require.Zero(t, billing.EffectRows(t))
+		})
+	}
+}
