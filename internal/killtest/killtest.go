@@ -3,16 +3,16 @@
 // worst moment (its transaction committed, its ack not sent), and the parent
 // checks how it died and what it left in the database.
 //
-// A test that uses it starts with
+// A test that kills a consumer of an effects.Service starts with
 //
-//	var spec mySpec
-//	if killtest.Child(&spec) {
-//		... consume, with killtest.AfterCommit(n) in the handler ...
-//		return
+//	if killtest.ConsumeUntilKilled(t, func(c killtest.Consumer) message.Subscriber { ... }) {
+//		return // this process was the child
 //	}
 //
-// and later calls killtest.Run(t, spec), which re-executes the test binary
-// with only this test selected and spec in its environment.
+// and later calls killtest.KillConsumer(t, service, server, topic, n), which
+// re-executes the test binary with only this test selected; the child
+// consumes with the subscriber built from its spec and dies right after its
+// n-th commit. Child, Run and AfterCommit are the parts, for other children.
 package killtest
 
 import (
@@ -31,6 +31,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/effects"
+	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
 // specEnv carries the child's spec, as JSON.
@@ -115,4 +117,48 @@ func WaitDisconnected(t testing.TB, db *stdsql.DB, appName string) {
 		require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n))
 		return n == 0
 	}, Timeout, 20*time.Millisecond)
+}
+
+// Consumer is the spec of a consumer child: the service whose tables it
+// writes, and where it consumes.
+type Consumer struct {
+	Server   string // the broker's address, as the test's subscriber takes it
+	Topic    string
+	DSN      string // PostgreSQL, tagged with the child's application name
+	Service  string
+	Inbox    string
+	Effects  string
+	DieAfter int64
+}
+
+// ConsumeUntilKilled reports whether this process is a consumer child
+// started by KillConsumer. If it is, it consumes with the subscriber built
+// from its spec and SIGKILLs itself right after its DieAfter-th commit.
+func ConsumeUntilKilled(t *testing.T, subscriber func(c Consumer) message.Subscriber) bool {
+	var c Consumer
+	if !Child(&c) {
+		return false
+	}
+	db := testdb.Open(t, "pgx", c.DSN)
+	s := effects.OpenService(t, db, c.Service, c.Inbox, c.Effects)
+	s.Run(t, subscriber(c), c.Topic, effects.RunConfig{AfterEffect: AfterCommit(c.DieAfter)})
+	Linger(t)
+	return true
+}
+
+// KillConsumer runs t again as a consumer child of s (see
+// ConsumeUntilKilled), waits until it died and PostgreSQL has ended its
+// transactions, and returns the number of effects it committed: dieAfter,
+// or more when it handled several messages at once.
+func KillConsumer(t *testing.T, s *effects.Service, server, topic string, dieAfter int64) int {
+	t.Helper()
+	appName := testdb.Name("killed")
+	Run(t, Consumer{
+		Server: server, Topic: topic, DSN: WithAppName(testdb.PostgresDSN(), appName),
+		Service: s.Name, Inbox: s.Inbox, Effects: s.Effects, DieAfter: dieAfter,
+	})
+	WaitDisconnected(t, s.DB, appName)
+	committed := s.EffectRows(t)
+	require.GreaterOrEqual(t, int64(committed), dieAfter, "effects committed by the killed consumer")
+	return committed
 }

@@ -1,6 +1,7 @@
 package loop_test
 
 import (
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,7 +12,6 @@ import (
 
 	"github.com/watermill-inbox/inbox/internal/effects"
 	"github.com/watermill-inbox/inbox/internal/killtest"
-	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
 // Cause 1: the relay publishes an event, crashes before recording that it
@@ -38,44 +38,30 @@ func TestRelayPublishesTwice(t *testing.T) {
 	require.EqualValues(t, b.records(topic), billing.Delivered.Load(), "every copy reached the inbox")
 }
 
-type childSpec struct {
-	Brokers  []string
-	DSN      string
-	Service  string
-	Inbox    string
-	Effects  string
-	Topic    string
-	Group    string
-	DieAfter int64
-}
-
 // Cause 2: the consumer commits its transaction and dies (SIGKILL, in a
 // child process) before the offset is committed. The group redelivers; the
 // inbox skips what the dead consumer committed and processes the rest.
 //
-// The test binary runs itself as the child (killtest): with a spec, this
-// test is the consumer that kills itself.
+// The test binary runs itself as the child (killtest): there, this test is
+// the consumer that kills itself.
 func TestConsumerKilledBeforeOffsetCommit(t *testing.T) {
-	var spec childSpec
-	if killtest.Child(&spec) {
-		runKilledConsumer(t, spec)
+	if killtest.ConsumeUntilKilled(t, func(c killtest.Consumer) message.Subscriber {
+		// Commit each offset right after its ack, so the offsets of all but
+		// the messages in flight at the kill are committed.
+		config := saramaConsumerConfig()
+		config.Consumer.Offsets.AutoCommit.Enable = false
+		return kafkaSubscriberWith(t, strings.Split(c.Server, ","), "billing", config)
+	}) {
 		return
 	}
 	t.Parallel()
 	f := setup(t)
-	db, b, topic, billing := f.db, f.broker, f.topic, f.billing
+	b, topic, billing := f.broker, f.topic, f.billing
 	ids := effects.PublishEvents(t, kafkaPublisher(t, b.addrs), topic, 40)
 
-	appName := testdb.Name("killed")
-	killtest.Run(t, childSpec{
-		Brokers: b.addrs, DSN: killtest.WithAppName(testdb.PostgresDSN(), appName),
-		Service: billing.Name, Inbox: billing.Inbox, Effects: billing.Effects,
-		Topic: topic, Group: "billing", DieAfter: 15,
-	})
-	killtest.WaitDisconnected(t, db, appName)
-	committedByChild := billing.EffectRows(t)
+	// Committed, not yet acked: its offset is never committed.
+	committedByChild := killtest.KillConsumer(t, billing, strings.Join(b.addrs, ","), topic, 15)
 	offsetsCommitted := b.committed("billing", topic)
-	require.GreaterOrEqual(t, committedByChild, 15)
 	require.Positive(t, offsetsCommitted, "the child committed the offsets of the messages it acked")
 	require.Less(t, offsetsCommitted, int64(committedByChild), "the last effect committed before its offset")
 
@@ -88,20 +74,6 @@ func TestConsumerKilledBeforeOffsetCommit(t *testing.T) {
 	require.GreaterOrEqual(t, skipped, int64(committedByChild)-offsetsCommitted, "redelivered events the child had committed were skipped")
 	t.Logf("child committed %d effects, %d offsets; restarted consumer handled %d, skipped %d duplicates",
 		committedByChild, offsetsCommitted, billing.Handled.Load(), skipped)
-}
-
-func runKilledConsumer(t *testing.T, spec childSpec) {
-	db := testdb.Open(t, "pgx", spec.DSN)
-	s := effects.OpenService(t, db, spec.Service, spec.Inbox, spec.Effects)
-	// Commit each offset right after its ack, so the offsets of all but the
-	// messages in flight at the kill are committed.
-	config := saramaConsumerConfig()
-	config.Consumer.Offsets.AutoCommit.Enable = false
-	// Committed, not yet acked: the offset is never committed.
-	s.Run(t, kafkaSubscriberWith(t, spec.Brokers, spec.Group, config), spec.Topic, effects.RunConfig{
-		AfterEffect: killtest.AfterCommit(spec.DieAfter),
-	})
-	killtest.Linger(t)
 }
 
 // Cause 3: members join and leave the consumer group mid-stream. A member

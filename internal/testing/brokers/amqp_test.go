@@ -122,25 +122,14 @@ func TestAMQPNackRequeues(t *testing.T) {
 	report(t, start, ids, causes, billing)
 }
 
-type amqpChild struct {
-	URL, DSN, Service, Inbox, Effects, Queue string
-	Prefetch                                 int
-	DieAfter                                 int64
-}
-
 // A consumer process with ten unacknowledged deliveries in flight (prefetch
 // 10) is SIGKILLed right after its 15th commit. RabbitMQ requeues every
 // unacknowledged delivery when the connection drops: the one whose effect
 // committed is a duplicate, the others are new.
 func TestAMQPConsumerKilledWithUnackedDeliveries(t *testing.T) {
-	var spec amqpChild
-	if killtest.Child(&spec) {
-		db := testdb.Open(t, "pgx", spec.DSN)
-		s := effects.OpenService(t, db, spec.Service, spec.Inbox, spec.Effects)
-		s.Run(t, amqpSubscriber(t, amqpConfig(spec.URL, spec.Prefetch)), spec.Queue, effects.RunConfig{
-			AfterEffect: killtest.AfterCommit(spec.DieAfter),
-		})
-		killtest.Linger(t)
+	if killtest.ConsumeUntilKilled(t, func(c killtest.Consumer) message.Subscriber {
+		return amqpSubscriber(t, amqpConfig(c.Server, 10))
+	}) {
 		return
 	}
 	t.Parallel()
@@ -151,15 +140,8 @@ func TestAMQPConsumerKilledWithUnackedDeliveries(t *testing.T) {
 	ids := effects.PublishEvents(t, amqpPublisher(t, config), queue, 40)
 	billing := effects.NewService(t, db, "billing")
 
-	appName := testdb.Name("killed")
-	killtest.Run(t, amqpChild{
-		URL: amqpURL(), DSN: killtest.WithAppName(testdb.PostgresDSN(), appName),
-		Service: billing.Name, Inbox: billing.Inbox, Effects: billing.Effects,
-		Queue: queue, Prefetch: 10, DieAfter: 15,
-	})
-	killtest.WaitDisconnected(t, db, appName)
-	committed := billing.EffectRows(t)
-	require.Equal(t, 15, committed)
+	committed := killtest.KillConsumer(t, billing, amqpURL(), queue, 15)
+	require.Equal(t, 15, committed, "one message at a time")
 	// RabbitMQ notices the dead connection and requeues what it had not
 	// been acked for: the committed 15th and the prefetched ones.
 	var ready int

@@ -237,25 +237,15 @@ func TestNATSAckAfterAckWait(t *testing.T) {
 	}
 }
 
-type natsChild struct {
-	URL, DSN, Service, Inbox, Effects, Stream string
-	DieAfter                                  int64
-}
-
 // A consumer process is SIGKILLed right after its 15th commit, with the
 // messages JetStream pushed to it unacknowledged. JetStream redelivers them
 // to the durable's next subscriber after AckWait; the committed one is a
 // duplicate.
 func TestNATSConsumerKilled(t *testing.T) {
 	const ackWait = time.Second
-	var spec natsChild
-	if killtest.Child(&spec) {
-		db := testdb.Open(t, "pgx", spec.DSN)
-		s := effects.OpenService(t, db, spec.Service, spec.Inbox, spec.Effects)
-		s.Run(t, natsSubscriber(t, spec.URL, ackWait, 1), spec.Stream, effects.RunConfig{
-			AfterEffect: killtest.AfterCommit(spec.DieAfter),
-		})
-		killtest.Linger(t)
+	if killtest.ConsumeUntilKilled(t, func(c killtest.Consumer) message.Subscriber {
+		return natsSubscriber(t, c.Server, ackWait, 1)
+	}) {
 		return
 	}
 	t.Parallel()
@@ -265,15 +255,8 @@ func TestNATSConsumerKilled(t *testing.T) {
 	ids := effects.PublishEvents(t, natsPublisher(t, natsURL()), stream, 40)
 	billing := effects.NewService(t, db, "billing")
 
-	appName := testdb.Name("killed")
-	killtest.Run(t, natsChild{
-		URL: natsURL(), DSN: killtest.WithAppName(testdb.PostgresDSN(), appName),
-		Service: billing.Name, Inbox: billing.Inbox, Effects: billing.Effects,
-		Stream: stream, DieAfter: 15,
-	})
-	killtest.WaitDisconnected(t, db, appName)
-	committed := billing.EffectRows(t)
-	require.Equal(t, 15, committed)
+	committed := killtest.KillConsumer(t, billing, natsURL(), stream, 15)
+	require.Equal(t, 15, committed, "one message at a time")
 
 	causes := newDeliveries(map[string]func(*message.Message) bool{"redelivered after the kill": natsRedelivered})
 	billing.Run(t, natsSubscriber(t, natsURL(), ackWait, 1), stream, effects.RunConfig{Outer: causes.middleware(nil)})

@@ -66,24 +66,14 @@ func redisSubscriber(t testing.TB, addr, name string) *redisstream.Subscriber {
 	return sub
 }
 
-type redisChild struct {
-	Addr, DSN, Service, Inbox, Effects, Stream string
-	DieAfter                                   int64
-}
-
 // A consumer process of the group is SIGKILLed right after its 15th commit.
 // The entries it read and did not acknowledge stay pending in its name; a
 // consumer of the same group claims them (XCLAIM) once they have been idle
 // for MaxIdleTime. The one whose effect committed is a duplicate.
 func TestRedisPendingEntriesClaimed(t *testing.T) {
-	var spec redisChild
-	if killtest.Child(&spec) {
-		db := testdb.Open(t, "pgx", spec.DSN)
-		s := effects.OpenService(t, db, spec.Service, spec.Inbox, spec.Effects)
-		s.Run(t, redisSubscriber(t, spec.Addr, "doomed"), spec.Stream, effects.RunConfig{
-			AfterEffect: killtest.AfterCommit(spec.DieAfter),
-		})
-		killtest.Linger(t)
+	if killtest.ConsumeUntilKilled(t, func(c killtest.Consumer) message.Subscriber {
+		return redisSubscriber(t, c.Server, "doomed")
+	}) {
 		return
 	}
 	t.Parallel()
@@ -94,15 +84,8 @@ func TestRedisPendingEntriesClaimed(t *testing.T) {
 	ids := effects.PublishEvents(t, redisPublisher(t), stream, 40)
 	billing := effects.NewService(t, db, "billing")
 
-	appName := testdb.Name("killed")
-	killtest.Run(t, redisChild{
-		Addr: redisAddr(), DSN: killtest.WithAppName(testdb.PostgresDSN(), appName),
-		Service: billing.Name, Inbox: billing.Inbox, Effects: billing.Effects,
-		Stream: stream, DieAfter: 15,
-	})
-	killtest.WaitDisconnected(t, db, appName)
-	committed := billing.EffectRows(t)
-	require.Equal(t, 15, committed)
+	committed := killtest.KillConsumer(t, billing, redisAddr(), stream, 15)
+	require.Equal(t, 15, committed, "one message at a time")
 
 	// What the dead consumer read and did not acknowledge.
 	c := redisClient(t, redisAddr())
