@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -272,3 +273,51 @@ func TestNATSConsumerKilled(t *testing.T) {
 
 // natsURLs joins server URLs for a client that fails over between them.
 func natsURLs(urls []string) string { return strings.Join(urls, ",") }
+
+// Why natsJetStream subscribes with nats.ManualAck: watermill-nats stops
+// waiting for a handler after its own AckWaitTimeout and cancels the
+// message's context, which rolls the inbox transaction back. With
+// ManualAck nothing was acked, and JetStream redelivers after AckWait;
+// without it nats.go acks the message as watermill-nats's callback returns,
+// and the event is lost although its handler succeeded.
+func TestNATSManualAck(t *testing.T) {
+	t.Parallel()
+	for _, manualAck := range []bool{true, false} {
+		t.Run(map[bool]string{true: "with ManualAck the event is redelivered", false: "without ManualAck the event is lost"}[manualAck], func(t *testing.T) {
+			t.Parallel()
+			db := testdb.Postgres(t, "pgx")
+			stream := natsStream(t, natsURL(), 1)
+			ids := effects.PublishEvents(t, natsPublisher(t, natsURL()), stream, 1)
+
+			config := natsSubscriberConfig(natsURL(), time.Second, 1)
+			config.AckWaitTimeout = 200 * time.Millisecond
+			if !manualAck {
+				config.JetStream.SubscribeOptions = []nats.SubOpt{nats.DeliverAll(), nats.AckExplicit(), nats.AckWait(time.Second)}
+			}
+			sub, err := wmnats.NewSubscriber(config, logger)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = sub.Close() })
+			billing := effects.NewService(t, db, "billing")
+			var calls atomic.Int64
+			billing.Run(t, sub, stream, effects.RunConfig{AfterEffect: func(*message.Message) error {
+				if calls.Add(1) == 1 {
+					time.Sleep(500 * time.Millisecond) // slower than AckWaitTimeout, faster than AckWait
+				}
+				return nil
+			}})
+			require.Eventually(t, func() bool {
+				o := billing.Outcomes()
+				return o[inbox.OutcomeRolledBack]+o[inbox.OutcomeCommitFailed] == 1
+			}, effects.WaitFor, 20*time.Millisecond, "the first delivery's transaction was cancelled")
+			natsDrained(t, natsURL(), stream)
+			if manualAck {
+				require.Eventually(t, func() bool { return billing.Handled.Load() == 1 }, effects.WaitFor, 20*time.Millisecond)
+				billing.RequireExactlyOnce(t, ids)
+				return
+			}
+			time.Sleep(2 * time.Second) // twice AckWait: no redelivery comes
+			require.EqualValues(t, 1, billing.Delivered.Load())
+			require.Zero(t, billing.EffectRows(t), "the event was acked without its effect")
+		})
+	}
+}
