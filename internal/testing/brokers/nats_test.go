@@ -266,7 +266,9 @@ func TestNATSConsumerKilled(t *testing.T) {
 	billing.RequireExactlyOnce(t, ids)
 
 	o := billing.Outcomes()
-	require.EqualValues(t, 1, o[inbox.OutcomeDuplicate], "the event committed before the kill was skipped")
+	// One, the event committed before the kill; more if a handler took
+	// longer than AckWait on a loaded machine.
+	require.GreaterOrEqual(t, o[inbox.OutcomeDuplicate], int64(1), "the event committed before the kill was skipped")
 	require.Greater(t, causes.count("redelivered after the kill"), 1, "deliveries pushed to the dead consumer came back")
 	report(t, start, ids, causes, billing)
 }
@@ -309,12 +311,15 @@ func TestNATSManualAck(t *testing.T) {
 				o := billing.Outcomes()
 				return o[inbox.OutcomeRolledBack]+o[inbox.OutcomeCommitFailed] == 1
 			}, effects.WaitFor, 20*time.Millisecond, "the first delivery's transaction was cancelled")
-			natsDrained(t, natsURL(), stream)
 			if manualAck {
-				require.Eventually(t, func() bool { return billing.Handled.Load() == 1 }, effects.WaitFor, 20*time.Millisecond)
+				// Any later delivery slower than AckWaitTimeout (a loaded
+				// machine) is cancelled and redelivered the same way.
+				billing.WaitEffects(t, 1)
+				natsDrained(t, natsURL(), stream)
 				billing.RequireExactlyOnce(t, ids)
 				return
 			}
+			natsDrained(t, natsURL(), stream)
 			time.Sleep(2 * time.Second) // twice AckWait: no redelivery comes
 			require.EqualValues(t, 1, billing.Delivered.Load())
 			require.Zero(t, billing.EffectRows(t), "the event was acked without its effect")

@@ -112,8 +112,10 @@ func TestRedisPendingEntriesClaimed(t *testing.T) {
 	}, effects.WaitFor, 20*time.Millisecond)
 	billing.RequireExactlyOnce(t, ids)
 
-	require.Equal(t, len(pending), causes.count("claimed after idle time"), "every pending entry was claimed once")
-	require.EqualValues(t, 1, billing.Outcomes()[inbox.OutcomeDuplicate], "the entry committed before the kill was skipped")
+	// Once each, unless a handler on a loaded machine takes longer than
+	// MaxIdleTime and its entry is claimed again.
+	require.GreaterOrEqual(t, causes.count("claimed after idle time"), len(pending), "every pending entry was claimed")
+	require.GreaterOrEqual(t, billing.Outcomes()[inbox.OutcomeDuplicate], int64(1), "the entry committed before the kill was skipped")
 	t.Logf("child committed %d effects and left %d entries pending", committed, len(pending))
 	report(t, start, ids, causes, billing)
 }
