@@ -180,7 +180,14 @@ func TestEventIDMissingFromForeignPublisher(t *testing.T) {
 			require.NoError(t, err)
 			_, err = js.Publish(stream, []byte(`{}`))
 			require.NoError(t, err)
-			return stream, natsSubscriber(t, natsURL(), 30*time.Second, 1)
+			config := natsSubscriberConfig(natsURL(), 30*time.Second, 1)
+			// Not at once, forever: and a message arriving while the
+			// subscriber closes is a data race in watermill-nats v2.1.3.
+			config.NakDelay = wmnats.NewStaticDelay(time.Minute)
+			sub, err := wmnats.NewSubscriber(config, logger)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = sub.Close() })
+			return stream, sub
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
