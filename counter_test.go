@@ -16,8 +16,6 @@ import (
 	"github.com/watermill-inbox/inbox/internal/wsqltest"
 )
 
-// counterChildEnv carries the spec of a consumer process the test kills.
-const counterChildEnv = "INBOX_COUNTER_KILLED_CONSUMER"
 
 type counterSpec struct {
 	Rig wsqltest.Rig
@@ -67,11 +65,11 @@ func counterHandler(r *wsqltest.Rig, accessor string, calls *atomic.Int64, after
 // is there once. Handlers write through watermill-sql's TxFromContext, as
 // Watermill's example does, or through inbox.TxFromContext.
 //
-// The test binary runs itself as the consumers: with counterChildEnv set,
+// The test binary runs itself as the consumers (killtest): there,
 // this test is the consumer that kills itself.
 func TestCounterThroughKills(t *testing.T) {
 	var spec counterSpec
-	if killtest.Spec(t, counterChildEnv, &spec) {
+	if killtest.Child(&spec) {
 		runCounterChild(t, spec)
 		return
 	}
@@ -95,8 +93,7 @@ func TestCounterThroughKills(t *testing.T) {
 			r := wsqltest.New(t, c.f)
 			r.PublishCopies(t, events, copies)
 			for _, k := range kills {
-				killtest.Run(t, "TestCounterThroughKills", counterChildEnv,
-					counterSpec{Rig: *r, Accessor: c.accessor, DieAfter: k.after, DieWhere: k.where}, wsqltest.WaitFor)
+				killtest.Run(t, counterSpec{Rig: *r, Accessor: c.accessor, DieAfter: k.after, DieWhere: k.where})
 			}
 
 			// The last consumer, in this process, takes the rest.

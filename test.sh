@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite, against real databases:  ./test.sh [go test flags] [packages]
+# The whole test suite, against real databases and brokers:  ./test.sh [go test flags] [packages]
 #
-# PostgreSQL and MariaDB are used where they already answer (the DSNs below, or
-# INBOX_TEST_POSTGRES_DSN / INBOX_TEST_MYSQL_DSN). Otherwise throwaway servers are
-# started in a temporary directory and removed at exit; as root, the Debian
-# packages are installed first when their binaries are missing.
+# PostgreSQL, MariaDB, RabbitMQ, NATS (with JetStream) and Redis are used where
+# they already answer (the addresses below, or INBOX_TEST_POSTGRES_DSN,
+# INBOX_TEST_MYSQL_DSN, INBOX_TEST_AMQP_URL, INBOX_TEST_NATS_URL,
+# INBOX_TEST_REDIS_ADDR). Otherwise throwaway servers are started in a
+# temporary directory and removed at exit; as root, the Debian packages are
+# installed first when their binaries are missing.
 # INBOX_TEST_THROWAWAY=1 forces throwaway servers even when local ones answer.
 # ./test.sh --install only installs the missing packages (CI does it before it
 # cuts the network off).
@@ -25,6 +27,9 @@ apt_install() { # apt_install PACKAGE [VARIABLE] [apt-get flags...]
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${@:3}" "$1" >/dev/null
 }
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true; }
+# The Debian packages put these outside a user's PATH.
+rabbitmq_bin=/usr/lib/rabbitmq/bin/rabbitmq-server
+has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
 # install_promtool installs Debian's prometheus package for promtool, which
 # checks and unit-tests prommetrics' alerting rules. Only the binary is
 # wanted: the package's Prometheus server (on :9090) must not run, so a
@@ -52,7 +57,10 @@ install_promtool() {
 # missing, and promtool.
 install_missing() {
 	[ -n "$(pg_bin)" ] || apt_install postgresql INBOX_TEST_POSTGRES_DSN
-	command -v mariadbd >/dev/null 2>&1 || apt_install mariadb-server INBOX_TEST_MYSQL_DSN
+	has mariadbd || apt_install mariadb-server INBOX_TEST_MYSQL_DSN
+	[ -x "$rabbitmq_bin" ] || apt_install rabbitmq-server INBOX_TEST_AMQP_URL
+	has nats-server || apt_install nats-server INBOX_TEST_NATS_URL
+	has redis-server || apt_install redis-server INBOX_TEST_REDIS_ADDR
 	install_promtool
 }
 if [ "${1:-}" = --install ]; then
@@ -65,13 +73,21 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/inbox-test.XXXXXX")
 chmod 755 "$work"
+# What stops each throwaway server: commands in $stops, and lines of
+# $work/stops written by starters that run in the background.
 stops=()
+background=()
 cleanup() {
+	for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
 	for cmd in "${stops[@]}"; do eval "$cmd" >/dev/null 2>&1 || true; done
+	if [ -f "$work/stops" ]; then
+		while read -r cmd; do eval "$cmd" >/dev/null 2>&1 || true; done <"$work/stops"
+	fi
 	rm -rf "$work"
 }
 trap cleanup EXIT
 
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
 answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 # Throwaway servers listen below the usual ephemeral range (32768-60999), where
 # a closing client connection's local port cannot keep them from binding.
@@ -91,7 +107,8 @@ start_postgres() {
 		apt_install postgresql INBOX_TEST_POSTGRES_DSN
 		bin=$(pg_bin)
 	fi
-	local dir=$work/postgres port=25431 owner=postgres started=
+	local dir=$work/postgres port=25431 owner=postgres started= t0
+	t0=$(now_ms)
 	mkdir -p "$dir"
 	if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; else owner=$(id -un); fi
 	as_owner "$owner" "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --no-locale -N >"$dir/initdb.log"
@@ -110,14 +127,15 @@ start_postgres() {
 	stops+=("as_owner $owner $bin/pg_ctl -D $dir/data -m immediate stop")
 	"$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qc 'CREATE DATABASE test' >/dev/null
 	export INBOX_TEST_POSTGRES_DSN="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
-	log "started a throwaway PostgreSQL on 127.0.0.1:$port"
+	log "started a throwaway PostgreSQL on 127.0.0.1:$port in $(($(now_ms) - t0)) ms"
 }
 
 start_mariadb() {
 	if ! command -v mariadbd >/dev/null 2>&1; then
 		apt_install mariadb-server INBOX_TEST_MYSQL_DSN
 	fi
-	local dir=$work/mariadb port=23305 user pid up=
+	local dir=$work/mariadb port=23305 user pid up= t0
+	t0=$(now_ms)
 	user=$(id -un)
 	mkdir -p "$dir"
 	mariadb-install-db --no-defaults --user="$user" --datadir="$dir/data" --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1
@@ -144,8 +162,112 @@ start_mariadb() {
 	mariadb --no-defaults -uroot --socket="$dir/sock" -e "CREATE DATABASE IF NOT EXISTS test;
 		CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;"
 	export INBOX_TEST_MYSQL_DSN="root@tcp(127.0.0.1:$port)/test"
-	log "started a throwaway MariaDB on 127.0.0.1:$port"
+	log "started a throwaway MariaDB on 127.0.0.1:$port in $(($(now_ms) - t0)) ms"
 }
+
+# launch NAME BASE RUN starts a server in the background ("RUN port", which
+# execs it, logging to $work/NAME/log) on a free port above BASE, waits until
+# it answers there, and starts over on another port when it exits first
+# (another program took the port). It sets port and pid.
+launch() {
+	local name=$1 base=$2 run=$3 dir=$work/$1
+	mkdir -p "$dir"
+	port=$base
+	for _ in 1 2 3 4 5; do
+		port=$(free_port $((port + 1)))
+		"$run" "$port" >"$dir/log" 2>&1 &
+		pid=$!
+		echo "kill $pid" >>"$work/stops"
+		for _ in $(seq 1 600); do
+			if ! kill -0 "$pid" 2>/dev/null; then break; fi
+			if answers 127.0.0.1 "$port"; then return 0; fi
+			sleep 0.05
+		done
+		kill "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+	log "could not start $name; its log:"
+	cat "$dir/log" >&2
+	return 1
+}
+
+# RabbitMQ gets a node of its own: its own node name, Erlang cookie (in
+# HOME), port mapper (epmd) and distribution ports, and no system-wide
+# configuration, so that a RabbitMQ already running on the machine is left
+# alone. Its start script stops the Erlang VM on SIGTERM.
+run_rabbitmq() {
+	local dir=$work/rabbitmq epmd dist
+	dist=$(free_port $(($1 + 100)))
+	epmd=$(free_port $(($1 + 200)))
+	epmd -address 127.0.0.1 -port "$epmd" &
+	echo "kill $!" >>"$work/stops"
+	printf 'listeners.tcp.1 = 127.0.0.1:%s\n' "$1" >"$dir/rabbitmq.conf"
+	: >"$dir/rabbitmq-env.conf"
+	echo '[].' >"$dir/enabled_plugins"
+	HOME=$dir RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf RABBITMQ_CONFIG_FILE=$dir/rabbitmq.conf \
+		RABBITMQ_ADVANCED_CONFIG_FILE=$dir/advanced.config RABBITMQ_ENABLED_PLUGINS_FILE=$dir/enabled_plugins \
+		RABBITMQ_NODENAME=inbox-test-$$@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$1 \
+		RABBITMQ_DIST_PORT=$dist ERL_EPMD_PORT=$epmd ERL_EPMD_ADDRESS=127.0.0.1 \
+		RABBITMQ_MNESIA_BASE=$dir/mnesia RABBITMQ_LOG_BASE=$dir/log.d RABBITMQ_PLUGINS_EXPAND_DIR=$dir/plugins \
+		RABBITMQ_FEATURE_FLAGS_FILE=$dir/feature_flags \
+		exec "$rabbitmq_bin"
+}
+# RabbitMQ takes seconds to boot, so it boots in the background while the
+# rest goes on; await_rabbitmq waits for it before the tests that need it.
+start_rabbitmq() {
+	[ -x "$rabbitmq_bin" ] || apt_install rabbitmq-server INBOX_TEST_AMQP_URL
+	mkdir -p "$work/rabbitmq"
+	(
+		t0=$(now_ms)
+		launch rabbitmq 25671 run_rabbitmq || exit 1
+		echo "amqp://guest:guest@127.0.0.1:$port/" >"$work/rabbitmq/url"
+		echo $(($(now_ms) - t0)) >"$work/rabbitmq/took"
+	) &
+	rabbitmq_starter=$!
+	background+=("$rabbitmq_starter")
+	export INBOX_TEST_AMQP_URL=pending
+}
+await_rabbitmq() {
+	[ "${INBOX_TEST_AMQP_URL:-}" = pending ] || return 0
+	local t0 url
+	t0=$(now_ms)
+	wait "$rabbitmq_starter" || exit 1
+	INBOX_TEST_AMQP_URL=$(cat "$work/rabbitmq/url")
+	url=${INBOX_TEST_AMQP_URL#amqp://guest:guest@}
+	log "started a throwaway RabbitMQ on ${url%/} in $(cat "$work/rabbitmq/took") ms, in the background (the tests waited $(($(now_ms) - t0)) ms for it)"
+}
+
+# start_server NAME PACKAGE VAR BASE SCHEME LABEL starts the throwaway server
+# run_NAME (from Debian package PACKAGE, binary of the same name) and exports
+# VAR=SCHEME127.0.0.1:port.
+start_server() {
+	local t0
+	has "$2" || apt_install "$2" "$3"
+	t0=$(now_ms)
+	launch "$1" "$4" "run_$1" || exit 1
+	export "$3=$5127.0.0.1:$port"
+	log "started a throwaway $6 on 127.0.0.1:$port in $(($(now_ms) - t0)) ms"
+}
+run_nats() { exec nats-server -a 127.0.0.1 -p "$1" -js -sd "$work/nats/jetstream"; }
+start_nats() { start_server nats nats-server INBOX_TEST_NATS_URL 24221 nats:// "NATS with JetStream"; }
+run_redis() { exec redis-server --bind 127.0.0.1 --port "$1" --save '' --appendonly no --dir "$work/redis"; }
+start_redis() { start_server redis redis-server INBOX_TEST_REDIS_ADDR 26378 "" Redis; }
+
+# use_or_start VAR VALUE PORT START exports VAR=VALUE when something answers
+# on PORT (and no throwaway is asked for), else runs START; a VAR already set
+# wins.
+use_or_start() {
+	[ -z "${!1:-}" ] || return 0
+	if [ "${INBOX_TEST_THROWAWAY:-}" != 1 ] && answers 127.0.0.1 "$3"; then
+		export "$1=$2"
+	else
+		"$4"
+	fi
+}
+# RabbitMQ first: it boots while the others start.
+use_or_start INBOX_TEST_AMQP_URL amqp://guest:guest@127.0.0.1:5672/ 5672 start_rabbitmq
+use_or_start INBOX_TEST_NATS_URL nats://127.0.0.1:4222 4222 start_nats
+use_or_start INBOX_TEST_REDIS_ADDR 127.0.0.1:6379 6379 start_redis
 
 if [ -z "${INBOX_TEST_POSTGRES_DSN:-}" ]; then
 	if [ "${INBOX_TEST_THROWAWAY:-}" != 1 ] && answers 127.0.0.1 5432; then
@@ -184,10 +306,12 @@ in_module() {
 
 if [ $# -eq 0 ]; then
 	for m in "${modules[@]}"; do
+		# The library's own tests need no broker: RabbitMQ boots meanwhile.
+		[ "$m" = . ] || await_rabbitmq
 		# ./... skips directories starting with "_": name this module's examples.
 		examples=()
 		for d in _examples/*/; do
-			if [ "$(module_of "./$d")" = "$m" ]; then examples+=("./$d"); fi
+			if [ "$(module_of "./$d")" = "$m" ]; then examples+=("./$(realpath -m --relative-to="$m" "$d")"); fi
 		done
 		(cd "$m" && go vet ./... "${examples[@]}")
 		(cd "$m" && go test -race -count=1 ./...)
@@ -196,6 +320,8 @@ if [ $# -eq 0 ]; then
 	in_module run ./_examples/quickstart >/dev/null
 	# The metrics example checks its own /metrics page and fails without the counters.
 	in_module run ./_examples/metrics -addr 127.0.0.1:0 >/dev/null
+	# NATS JetStream embedded in the process, redelivering three ways; it fails unless every order has one invoice.
+	in_module run ./_examples/nats-jetstream >/dev/null
 	# The complete loop on embedded Kafka; it fails unless every order has one invoice and one notification.
 	in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
 	# Watermill's exactly-once-delivery-counter behind the inbox; it fails unless the counter equals the events.
@@ -209,6 +335,7 @@ for a in "$@"; do
 	case "$a" in ./* | .) pkgs+=("$a") ;; *) flags+=("$a") ;; esac
 done
 [ ${#pkgs[@]} -gt 0 ] || pkgs=(./...)
+await_rabbitmq
 for p in "${pkgs[@]}"; do
 	in_module test "$p" -race -count=1 "${flags[@]}"
 done

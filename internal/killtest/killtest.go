@@ -1,52 +1,168 @@
-// Package killtest crashes consumers for tests: it runs the test binary
-// again as a child process, alone and with a spec, and requires that the
-// child died of SIGKILL, as a consumer dies in production without running a
-// single deferred function or closing a connection.
+// Package killtest crashes consumers for real: a test runs itself again as a
+// child process, the child consumes and kills itself with SIGKILL at the
+// worst moment (its transaction committed, its ack not sent), and the parent
+// checks how it died and what it left in the database.
+//
+// A test that kills a consumer of an effects.Service starts with
+//
+//	if killtest.ConsumeUntilKilled(t, func(c killtest.Consumer) message.Subscriber { ... }) {
+//		return // this process was the child
+//	}
+//
+// and later calls killtest.KillConsumer(t, service, server, topic, n), which
+// re-executes the test binary with only this test selected; the child
+// consumes with the subscriber built from its spec and dies right after its
+// n-th commit. Child, Run and AfterCommit are the parts, for other children.
 package killtest
 
 import (
 	"context"
+	stdsql "database/sql"
 	"encoding/json"
 	"os"
 	"os/exec"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/effects"
+	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
-// Spec reports whether this process is a child Run started with env, and
-// decodes its spec into v.
-func Spec(t testing.TB, env string, v any) bool {
-	raw := os.Getenv(env)
+// specEnv carries the child's spec, as JSON.
+const specEnv = "INBOX_KILLTEST_SPEC"
+
+// Timeout bounds a child's life and the parent's waits.
+const Timeout = 30 * time.Second
+
+// Child reports whether this process is a child started by Run, and decodes
+// its spec into spec.
+func Child(spec any) bool {
+	raw := os.Getenv(specEnv)
 	if raw == "" {
 		return false
 	}
-	require.NoError(t, json.Unmarshal([]byte(raw), v))
+	if err := json.Unmarshal([]byte(raw), spec); err != nil {
+		panic("killtest: decoding the child's spec: " + err.Error())
+	}
 	return true
 }
 
-// Run runs the top-level test named test in a child process, with spec in
-// the environment variable env, and requires that it died of SIGKILL within
-// timeout. It returns the child's output.
-func Run(t testing.TB, test, env string, spec any, timeout time.Duration) []byte {
+// Run runs t again in a child process with spec, waits until it is dead,
+// checks that it died of SIGKILL, and returns its output.
+func Run(t *testing.T, spec any) []byte {
 	t.Helper()
 	raw, err := json.Marshal(spec)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), env+"="+string(raw))
+	// A subtest "A/B" is selected by "^A$/^B$".
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+strings.ReplaceAll(t.Name(), "/", "$/^")+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), specEnv+"="+string(raw))
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "child output:\n%s", out)
 	status, ok := exit.Sys().(syscall.WaitStatus)
-	require.True(t, ok && status.Signaled() && status.Signal() == syscall.SIGKILL, "the child did not die of SIGKILL: %v\n%s", err, out)
+	require.True(t, ok && status.Signaled() && status.Signal() == syscall.SIGKILL, "child did not die of SIGKILL: %v\n%s", err, out)
 	return out
 }
 
-// Kill kills this process with SIGKILL. Its signature fits
+// AfterCommit returns a handler step (effects.RunConfig.AfterEffect) that
+// makes the process SIGKILL itself right after the n-th message's
+// transaction committed: its effect is in the database, its ack never left.
+func AfterCommit(n int64) func(msg *message.Message) error {
+	var handled atomic.Int64
+	return func(msg *message.Message) error {
+		if handled.Add(1) != n {
+			return nil
+		}
+		return inbox.AfterCommit(msg.Context(), Kill)
+	}
+}
+
+// Linger keeps a child alive until its kill; a child still alive after
+// Timeout fails.
+func Linger(t *testing.T) {
+	time.Sleep(Timeout)
+	t.Fatal("the child was not killed")
+}
+
+// WithAppName tags a PostgreSQL DSN so the parent can find the child's
+// connections.
+func WithAppName(dsn, name string) string {
+	if !strings.Contains(dsn, "://") {
+		return dsn + " application_name=" + name
+	}
+	if strings.Contains(dsn, "?") {
+		return dsn + "&application_name=" + name
+	}
+	return dsn + "?application_name=" + name
+}
+
+// WaitDisconnected waits until PostgreSQL has no connection tagged appName:
+// it has then finished (committed or rolled back) every transaction the dead
+// child had open, and the effects it committed are final.
+func WaitDisconnected(t testing.TB, db *stdsql.DB, appName string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n))
+		return n == 0
+	}, Timeout, 20*time.Millisecond)
+}
+
+// Consumer is the spec of a consumer child: the service whose tables it
+// writes, and where it consumes.
+type Consumer struct {
+	Server   string // the broker's address, as the test's subscriber takes it
+	Topic    string
+	DSN      string // PostgreSQL, tagged with the child's application name
+	Service  string
+	Inbox    string
+	Effects  string
+	DieAfter int64
+}
+
+// ConsumeUntilKilled reports whether this process is a consumer child
+// started by KillConsumer. If it is, it consumes with the subscriber built
+// from its spec and SIGKILLs itself right after its DieAfter-th commit.
+func ConsumeUntilKilled(t *testing.T, subscriber func(c Consumer) message.Subscriber) bool {
+	var c Consumer
+	if !Child(&c) {
+		return false
+	}
+	db := testdb.Open(t, "pgx", c.DSN)
+	s := effects.OpenService(t, db, c.Service, c.Inbox, c.Effects)
+	s.Run(t, subscriber(c), c.Topic, effects.RunConfig{AfterEffect: AfterCommit(c.DieAfter)})
+	Linger(t)
+	return true
+}
+
+// KillConsumer runs t again as a consumer child of s (see
+// ConsumeUntilKilled), waits until it died and PostgreSQL has ended its
+// transactions, and returns the number of effects it committed: dieAfter,
+// or more when it handled several messages at once.
+func KillConsumer(t *testing.T, s *effects.Service, server, topic string, dieAfter int64) int {
+	t.Helper()
+	appName := testdb.Name("killed")
+	Run(t, Consumer{
+		Server: server, Topic: topic, DSN: WithAppName(testdb.PostgresDSN(), appName),
+		Service: s.Name, Inbox: s.Inbox, Effects: s.Effects, DieAfter: dieAfter,
+	})
+	WaitDisconnected(t, s.DB, appName)
+	committed := s.EffectRows(t)
+	require.GreaterOrEqual(t, int64(committed), dieAfter, "effects committed by the killed consumer")
+	return committed
+}
+
+// Kill kills this process with SIGKILL, as a consumer dies in production:
+// no deferred function runs, no connection is closed. Its signature fits
 // inbox.AfterCommit.
 func Kill(context.Context) error {
 	return syscall.Kill(os.Getpid(), syscall.SIGKILL)

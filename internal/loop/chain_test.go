@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/effects"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
@@ -35,13 +36,13 @@ func TestCompleteLoop(t *testing.T) {
 
 	outboxB := newOutbox(t, db)
 	relayB := startRelay(t, outboxB, b.addrs, 5)
-	billing := newService(t, db, "billing")
-	crashB, crashesB := crashAfterCommit(6)
-	billingConfig := runConfig{
-		outer:             crashB,
-		publishTopic:      invoicesTopic,
-		producedPublisher: outboxB.publisher,
-		produce: func(msg *message.Message) []*message.Message {
+	billing := effects.NewService(t, db, "billing")
+	crashB, crashesB := effects.NackAfterCommit(6)
+	billingConfig := effects.RunConfig{
+		Outer:             crashB,
+		PublishTopic:      invoicesTopic,
+		ProducedPublisher: outboxB.publisher,
+		Produce: func(msg *message.Message) []*message.Message {
 			// A new event with its own id. Carry the order's id under
 			// another key: copying "event_id" metadata onto a new event
 			// would make C's inbox take it for the order event.
@@ -51,19 +52,19 @@ func TestCompleteLoop(t *testing.T) {
 			return []*message.Message{invoice}
 		},
 	}
-	stopBilling := billing.run(t, kafkaSubscriber(t, b.addrs, "billing"), ordersTopic, billingConfig)
+	stopBilling := billing.Run(t, kafkaSubscriber(t, b.addrs, "billing"), ordersTopic, billingConfig)
 
-	notifier := newService(t, db, "notifier")
-	crashC, crashesC := crashAfterCommit(7)
-	notifier.run(t, kafkaSubscriber(t, b.addrs, "notifier"), invoicesTopic, runConfig{
-		outer:     crashC,
-		effectKey: func(msg *message.Message) string { return msg.Metadata.Get("order_event_id") },
+	notifier := effects.NewService(t, db, "notifier")
+	crashC, crashesC := effects.NackAfterCommit(7)
+	notifier.Run(t, kafkaSubscriber(t, b.addrs, "notifier"), invoicesTopic, effects.RunConfig{
+		Outer:     crashC,
+		EffectKey: func(msg *message.Message) string { return msg.Metadata.Get("order_event_id") },
 	})
 
 	ids := orders.placeOrders(t, ordersTopic, 20)
-	billing.waitEffects(t, 10)
+	billing.WaitEffects(t, 10)
 	stopBilling() // B restarts mid-stream
-	billing.run(t, kafkaSubscriber(t, b.addrs, "billing"), ordersTopic, billingConfig)
+	billing.Run(t, kafkaSubscriber(t, b.addrs, "billing"), ordersTopic, billingConfig)
 	ids = append(ids, orders.placeOrders(t, ordersTopic, 20)...)
 
 	relayA.waitRelayed(t, len(ids))
@@ -73,11 +74,11 @@ func TestCompleteLoop(t *testing.T) {
 
 	// B: one invoice per order, keyed by the id A gave the event: the id
 	// survived A's outbox, the forwarder envelope and Kafka.
-	billing.requireExactlyOnce(t, ids)
+	billing.RequireExactlyOnce(t, ids)
 	// C: one notification per order, through exactly one invoice event each.
-	notifier.requireExactlyOnce(t, ids)
+	notifier.RequireExactlyOnce(t, ids)
 	var invoiceEvents int
-	require.NoError(t, db.QueryRow(`SELECT count(DISTINCT event_id) FROM `+notifier.inbox).Scan(&invoiceEvents))
+	require.NoError(t, db.QueryRow(`SELECT count(DISTINCT event_id) FROM `+notifier.Inbox).Scan(&invoiceEvents))
 	require.Equal(t, len(ids), invoiceEvents, "C recorded one invoice event per order")
 
 	require.Positive(t, relayA.crashes.Load())
@@ -85,8 +86,8 @@ func TestCompleteLoop(t *testing.T) {
 	require.EqualValues(t, int64(len(ids))+relayA.crashes.Load(), b.records(ordersTopic))
 	require.EqualValues(t, int64(len(ids))+relayB.crashes.Load(), b.records(invoicesTopic),
 		"B's outbox holds one invoice event per order: no rolled-back attempt leaked one")
-	skippedB := billing.delivered.Load() - billing.handled.Load()
-	skippedC := notifier.delivered.Load() - notifier.handled.Load()
+	skippedB := billing.Delivered.Load() - billing.Handled.Load()
+	skippedC := notifier.Delivered.Load() - notifier.Handled.Load()
 	require.GreaterOrEqual(t, skippedB, relayA.crashes.Load()+crashesB.Load())
 	require.GreaterOrEqual(t, skippedC, relayB.crashes.Load()+crashesC.Load())
 	t.Logf("%d orders; relay A republished %d, B crashed after commit %d times and skipped %d duplicates; "+

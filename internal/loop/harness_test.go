@@ -19,10 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/effects"
 	"github.com/watermill-inbox/inbox/internal/kafkatest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
-	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 // Group timings come from kafkatest: a member that dies (SIGKILL) is
@@ -133,211 +132,21 @@ func kafkaSubscriberWith(t testing.TB, addrs []string, group string, config *sar
 	return sub
 }
 
-// publishEvents publishes n new events straight to Kafka and returns their
-// ids (msg.UUID).
-func publishEvents(t testing.TB, pub message.Publisher, topic string, n int) []string {
-	t.Helper()
-	ids := make([]string, n)
-	for i := range ids {
-		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"n":%d}`, i))
-		ids[i] = msg.UUID
-		require.NoError(t, pub.Publish(topic, msg))
-	}
-	return ids
-}
-
-// service is a consumer with a non-idempotent effect: one row per handled
-// message in a table without a unique key, so a duplicate effect shows up
-// as a second row.
-type service struct {
-	name    string // handler name, hence inbox consumer
-	db      *stdsql.DB
-	store   *sqlinbox.Store
-	inbox   string // inbox table
-	effects string // effect table
-
-	delivered atomic.Int64 // messages that reached the inbox
-	handled   atomic.Int64 // handler calls that committed
-}
-
-// newService creates a service with its own inbox and effect tables.
-func newService(t testing.TB, db *stdsql.DB, name string) *service {
-	t.Helper()
-	s := openService(t, db, name, testdb.Table(t, db, "inbox"), testdb.Table(t, db, "effects"))
-	require.NoError(t, s.store.CreateSchema(context.Background()))
-	_, err := db.Exec(`CREATE TABLE ` + s.effects + ` (id bigserial PRIMARY KEY, event_id text NOT NULL)`)
-	require.NoError(t, err)
-	return s
-}
-
-// openService uses tables another process created.
-func openService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string) *service {
-	t.Helper()
-	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: inboxTable})
-	require.NoError(t, err)
-	return &service{name: name, db: db, store: store, inbox: inboxTable, effects: effects}
-}
-
 // fixture is what every cause test starts with: PostgreSQL, a broker, a
 // topic and the billing service that consumes it.
 type fixture struct {
 	db      *stdsql.DB
 	broker  *broker
 	topic   string
-	billing *service
+	billing *effects.Service
 }
 
 func setup(t testing.TB) fixture {
 	t.Helper()
 	db := testdb.Postgres(t, "pgx")
 	b := newBroker(t)
-	return fixture{db: db, broker: b, topic: b.topic(t, "orders"), billing: newService(t, db, "billing")}
+	return fixture{db: db, broker: b, topic: b.topic(t, "orders"), billing: effects.NewService(t, db, "billing")}
 }
-
-// runConfig adds behaviour around a service's handler.
-type runConfig struct {
-	// outer wraps the inbox: it sees every delivery, and what it does after
-	// the inner handler returns happens after the commit.
-	outer message.HandlerMiddleware
-	// produce makes the handler return follow-up events, published to
-	// publishTopic through producedPublisher inside the transaction.
-	produce           func(msg *message.Message) []*message.Message
-	publishTopic      string
-	producedPublisher func(tx *stdsql.Tx) (message.Publisher, error)
-	// afterEffect runs in the handler after the effect is written.
-	afterEffect func(msg *message.Message) error
-	// effectKey is what the effect row records. Defaults to the event id.
-	effectKey func(msg *message.Message) string
-}
-
-// run consumes topic with sub until the returned stop function is called
-// (also at the end of the test).
-func (s *service) run(t testing.TB, sub message.Subscriber, topic string, rc runConfig) (stop func()) {
-	t.Helper()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
-	require.NoError(t, err)
-	mw, err := inbox.NewMiddleware(inbox.Config{Store: s.store, ProducedPublisher: rc.producedPublisher})
-	require.NoError(t, err)
-
-	h := router.AddHandler(s.name, topic, sub, rc.publishTopic, discardPublisher{}, s.handle(rc))
-	var mws []message.HandlerMiddleware
-	mws = append(mws, func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			s.delivered.Add(1)
-			return h(msg)
-		}
-	})
-	if rc.outer != nil {
-		mws = append(mws, rc.outer)
-	}
-	mws = append(mws, mw)
-	h.AddMiddleware(mws...)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- router.Run(ctx) }()
-	select {
-	case <-router.Running():
-	case err := <-done:
-		t.Fatalf("router %s stopped at start: %v", s.name, err)
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			require.NoError(t, router.Close())
-			cancel()
-			require.NoError(t, <-done)
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
-func (s *service) handle(rc runConfig) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		ctx := msg.Context()
-		tx, ok := inbox.TxFromContext(ctx)
-		if !ok {
-			return nil, errors.New("no inbox transaction")
-		}
-		key, _, _ := inbox.EventIDFromContext(ctx)
-		if rc.effectKey != nil {
-			key = rc.effectKey(msg)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.effects+` (event_id) VALUES ($1)`, key); err != nil {
-			return nil, fmt.Errorf("writing the effect: %w", err)
-		}
-		if rc.afterEffect != nil {
-			if err := rc.afterEffect(msg); err != nil {
-				return nil, err
-			}
-		}
-		var out []*message.Message
-		if rc.produce != nil {
-			out = rc.produce(msg)
-		}
-		// Counted once the commit happened, not before.
-		if err := inbox.AfterCommit(ctx, func(context.Context) error { s.handled.Add(1); return nil }); err != nil {
-			return nil, err
-		}
-		return out, nil
-	}
-}
-
-// effectCounts returns how many effect rows each event id has.
-func (s *service) effectCounts(t testing.TB) map[string]int {
-	t.Helper()
-	rows, err := s.db.Query(`SELECT event_id, count(*) FROM ` + s.effects + ` GROUP BY event_id`)
-	require.NoError(t, err)
-	defer rows.Close()
-	counts := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		require.NoError(t, rows.Scan(&id, &n))
-		counts[id] = n
-	}
-	require.NoError(t, rows.Err())
-	return counts
-}
-
-// requireExactlyOnce asserts that every id has exactly one effect row and
-// that no other effect exists.
-func (s *service) requireExactlyOnce(t testing.TB, ids []string) {
-	t.Helper()
-	want := make(map[string]int, len(ids))
-	for _, id := range ids {
-		want[id] = 1
-	}
-	require.Equal(t, want, s.effectCounts(t), "%s: effects per event id", s.name)
-}
-
-func (s *service) effectRows(t testing.TB) int {
-	t.Helper()
-	var n int
-	require.NoError(t, s.db.QueryRow(`SELECT count(*) FROM `+s.effects).Scan(&n))
-	return n
-}
-
-// waitEffects waits until the service has written n effect rows.
-func (s *service) waitEffects(t testing.TB, n int) {
-	t.Helper()
-	require.Eventually(t, func() bool { return s.effectRows(t) >= n }, waitFor, 20*time.Millisecond,
-		"%s wrote %d effects, want %d", s.name, s.effectRows(t), n)
-}
-
-// discardPublisher stands for the router's publisher when the inbox
-// publishes produced messages itself: the router must never get any.
-type discardPublisher struct{}
-
-func (discardPublisher) Publish(topic string, msgs ...*message.Message) error {
-	if len(msgs) > 0 {
-		return fmt.Errorf("router asked to publish %d messages to %s after the commit", len(msgs), topic)
-	}
-	return nil
-}
-
-func (discardPublisher) Close() error { return nil }
 
 // outbox is a watermill-sql v4 outbox on PostgreSQL, fronted by Watermill's
 // forwarder: producers publish enveloped messages to one SQL topic in their
@@ -496,36 +305,4 @@ func (a *orderService) placeOrders(t testing.TB, kafkaTopic string, n int) []str
 		require.NoError(t, tx.Commit())
 	}
 	return ids
-}
-
-// crashAfterCommit returns a middleware for outside the inbox that fails
-// the first delivery of every n-th message after the inbox committed it, as
-// a consumer dying before its ack would: the broker redelivers a message
-// whose effect is already committed.
-func crashAfterCommit(n int64) (message.HandlerMiddleware, *atomic.Int64) {
-	var (
-		mu      sync.Mutex
-		seen    = map[string]bool{}
-		handled int64
-		crashes atomic.Int64
-	)
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := h(msg)
-			if err != nil {
-				return out, err
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if seen[msg.UUID] {
-				return out, nil
-			}
-			seen[msg.UUID] = true
-			if handled++; handled%n == 0 {
-				crashes.Add(1)
-				return nil, errors.New("consumer crashed after its commit, before the ack")
-			}
-			return out, nil
-		}
-	}, &crashes
 }

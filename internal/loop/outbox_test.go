@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/effects"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -62,7 +63,7 @@ func outboxRows(t testing.TB, db *stdsql.DB, topic string) []string {
 func TestProducedMessagesCommitWithTheEffect(t *testing.T) {
 	t.Parallel()
 	db := testdb.Postgres(t, "pgx")
-	billing := newService(t, db, "billing")
+	billing := effects.NewService(t, db, "billing")
 	invoices := sqlTopic(t, db)
 
 	// The first attempt at each event writes its invoice event to the
@@ -84,10 +85,10 @@ func TestProducedMessagesCommitWithTheEffect(t *testing.T) {
 	pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, logger)
 	t.Cleanup(func() { _ = pubSub.Close() })
 	var produced sync.Map // event id -> produced message uuid
-	billing.run(t, pubSub, "orders", runConfig{
-		publishTopic:      invoices,
-		producedPublisher: producedPublisher,
-		produce: func(msg *message.Message) []*message.Message {
+	billing.Run(t, pubSub, "orders", effects.RunConfig{
+		PublishTopic:      invoices,
+		ProducedPublisher: producedPublisher,
+		Produce: func(msg *message.Message) []*message.Message {
 			invoice := message.NewMessage(watermill.NewUUID(), []byte(`{"invoice":true}`))
 			invoice.Metadata.Set("order_event_id", msg.UUID)
 			produced.Store(msg.UUID, invoice.UUID)
@@ -104,10 +105,10 @@ func TestProducedMessagesCommitWithTheEffect(t *testing.T) {
 		require.NoError(t, pubSub.Publish("orders", msg.Copy())) // a duplicate delivery
 	}
 	// Each event: a failed attempt, its redelivery and a duplicate.
-	require.Eventually(t, func() bool { return billing.delivered.Load() == 3*n && billing.handled.Load() == n },
+	require.Eventually(t, func() bool { return billing.Delivered.Load() == 3*n && billing.Handled.Load() == n },
 		waitFor, 10*time.Millisecond)
 
-	billing.requireExactlyOnce(t, ids)
+	billing.RequireExactlyOnce(t, ids)
 	var want []string
 	for _, id := range ids {
 		invoice, ok := produced.Load(id)
@@ -200,7 +201,7 @@ func Example_producedPublisherWatermillSQLv3() {
 		}
 	}, mw)
 	orders := gochannel.NewGoChannel(gochannel.Config{}, nil)
-	router.AddHandler("billing", "orders", orders, invoices, discardPublisher{},
+	router.AddHandler("billing", "orders", orders, invoices, effects.DiscardPublisher{},
 		func(msg *message.Message) ([]*message.Message, error) {
 			return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{"invoice":1}`))}, nil
 		})
