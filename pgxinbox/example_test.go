@@ -5,7 +5,6 @@ import (
 	"log"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
@@ -16,9 +15,10 @@ import (
 )
 
 // The inbox on a pgx pool: BEGIN and the claim travel in one round trip.
-// The handler writes its effect and, through watermill-sql v4, its
-// follow-up event to an outbox, all in the inbox transaction. (Not run: it
-// needs a PostgreSQL server.)
+// The handler writes its effect in the inbox transaction; a follow-up event
+// goes to an outbox in the same transaction through watermill-sql v4:
+// wsql.NewPublisher(wsql.TxFromPgx(tx), ...). (Not run: it needs a
+// PostgreSQL server.)
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/app")
@@ -46,14 +46,8 @@ func Example() {
 	router.AddMiddleware(middleware.Recoverer, mw)
 	invoicing := func(msg *message.Message) error {
 		tx, _ := pgxinbox.TxFromContext(msg.Context()) // a pgx.Tx
-		if _, err := tx.Exec(msg.Context(), `INSERT INTO invoices (order_id) VALUES ($1)`, msg.UUID); err != nil {
-			return err
-		}
-		outbox, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nil)
-		if err != nil {
-			return err
-		}
-		return outbox.Publish("invoices", message.NewMessage(watermill.NewUUID(), msg.Payload))
+		_, err := tx.Exec(msg.Context(), `INSERT INTO invoices (order_id) VALUES ($1)`, msg.UUID)
+		return err
 	}
 	orders := gochannel.NewGoChannel(gochannel.Config{}, logger) // Kafka, AMQP...: any subscriber
 	router.AddConsumerHandler("invoicing", "orders", orders, invoicing)

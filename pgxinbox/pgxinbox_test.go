@@ -3,13 +3,11 @@ package pgxinbox_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -137,53 +135,6 @@ func TestNoTransactionLeaks(t *testing.T) {
 	for _, id := range []string{"c", "d"} {
 		require.Zero(t, f.claims(t, id))
 	}
-	f.noOpenTransactions(t)
-}
-
-// The handler writes its follow-up event to a watermill-sql v4 outbox in
-// the inbox transaction: the event commits with the claim, or not at all.
-func TestOutboxThroughTxFromPgx(t *testing.T) {
-	t.Parallel()
-	f := setup(t, sqlinbox.Config{})
-	ctx := context.Background()
-	topic := testdb.Name("out")
-	schema := wsql.DefaultPostgreSQLSchema{}
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(f.store.Pool()), wsql.SubscriberConfig{
-		SchemaAdapter: schema, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}, InitializeSchema: true,
-	}, nil)
-	require.NoError(t, err)
-	require.NoError(t, sub.SubscribeInitialize(topic))
-	t.Cleanup(func() {
-		_, _ = f.store.Pool().Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, "watermill_offsets_%s"`, schema.MessagesTable(topic), topic))
-	})
-	outbox := func() int {
-		var n int
-		require.NoError(t, f.store.Pool().QueryRow(ctx, "SELECT count(*) FROM "+schema.MessagesTable(topic)).Scan(&n))
-		return n
-	}
-
-	attempt := 0
-	h := func(m *message.Message) ([]*message.Message, error) {
-		attempt++
-		tx, _ := pgxinbox.TxFromContext(m.Context())
-		pub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: schema}, nil)
-		if err != nil {
-			return nil, err
-		}
-		if err := pub.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(`{}`))); err != nil {
-			return nil, err
-		}
-		if attempt == 1 {
-			return nil, errors.New("fail after publishing")
-		}
-		return nil, nil
-	}
-	for range 3 {
-		_, _ = f.mw(h)(msg("order-1"))
-	}
-	require.Equal(t, 2, attempt, "the third delivery is a duplicate")
-	require.Equal(t, 1, outbox())
-	require.Equal(t, 1, f.claims(t, "order-1"))
 	f.noOpenTransactions(t)
 }
 

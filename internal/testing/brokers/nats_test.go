@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/effects"
-	"github.com/watermill-inbox/inbox/internal/killtest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/internal/testing/effects"
+	"github.com/watermill-inbox/inbox/internal/testing/killtest"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 

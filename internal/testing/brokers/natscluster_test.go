@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/watermill-inbox/inbox/internal/effects"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/internal/testing/effects"
 )
 
 // natsNode is one nats-server process of a test cluster.

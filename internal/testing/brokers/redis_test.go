@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/effects"
-	"github.com/watermill-inbox/inbox/internal/killtest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/internal/testing/effects"
+	"github.com/watermill-inbox/inbox/internal/testing/killtest"
 )
 
 // redisClient returns a client of its own: a watermill-redisstream

@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/effects"
+	"github.com/watermill-inbox/inbox/internal/testing/effects"
 )
 
 var logger = watermill.NopLogger{}

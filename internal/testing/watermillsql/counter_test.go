@@ -1,4 +1,4 @@
-package inbox_test
+package watermillsql_test
 
 import (
 	"database/sql"
@@ -12,10 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/killtest"
-	"github.com/watermill-inbox/inbox/internal/wsqltest"
+	"github.com/watermill-inbox/inbox/internal/testing/killtest"
+	"github.com/watermill-inbox/inbox/internal/testing/wsqltest"
 )
-
 
 type counterSpec struct {
 	Rig wsqltest.Rig

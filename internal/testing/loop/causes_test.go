@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/watermill-inbox/inbox/internal/effects"
-	"github.com/watermill-inbox/inbox/internal/killtest"
+	"github.com/watermill-inbox/inbox/internal/testing/effects"
+	"github.com/watermill-inbox/inbox/internal/testing/killtest"
 )
 
 // Cause 1: the relay publishes an event, crashes before recording that it

@@ -1,4 +1,4 @@
-package pgxinbox_test
+package watermillsql_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/wsqltest"
+	"github.com/watermill-inbox/inbox/internal/testing/wsqltest"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -36,7 +36,7 @@ func pgxRig(t *testing.T) (*wsqltest.Rig, *pgxpool.Pool, message.HandlerMiddlewa
 // transaction of its own; behind pgxinbox the claim's transaction stands in
 // for it, so the handler's writes through watermill-sql's TxFromContext
 // commit with the claim, and a failed attempt rolls back with it.
-func TestSubscriberTxStandIn(t *testing.T) {
+func TestPgxSubscriberTxStandIn(t *testing.T) {
 	t.Parallel()
 	r, pool, mw := pgxRig(t)
 	ids := r.PublishCopies(t, 5, 2)
@@ -74,7 +74,7 @@ func TestSubscriberTxStandIn(t *testing.T) {
 
 // A database/sql transaction cannot stand in for a pgx one: the message is
 // refused before any SQL, with an error that says what to do.
-func TestSubscriberTxRefused(t *testing.T) {
+func TestPgxSubscriberTxRefused(t *testing.T) {
 	t.Parallel()
 	r, _, mw := pgxRig(t)
 	r.PublishCopies(t, 1, 1)

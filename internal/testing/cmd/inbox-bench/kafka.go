@@ -13,8 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/watermill-inbox/inbox/internal/bench"
-	"github.com/watermill-inbox/inbox/internal/kafkatest"
+	"github.com/watermill-inbox/inbox/internal/testing/bench"
+	"github.com/watermill-inbox/inbox/internal/testing/kafkatest"
 )
 
 // kafkaEndToEnd measures the whole path through Kafka: an in-process

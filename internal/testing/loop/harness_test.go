@@ -19,9 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/watermill-inbox/inbox/internal/effects"
-	"github.com/watermill-inbox/inbox/internal/kafkatest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/internal/testing/effects"
+	"github.com/watermill-inbox/inbox/internal/testing/kafkatest"
 )
 
 // Group timings come from kafkatest: a member that dies (SIGKILL) is

@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/watermill-inbox/inbox/internal/bench"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/internal/testing/bench"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 

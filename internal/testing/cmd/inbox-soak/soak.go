@@ -27,7 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/kafkatest"
+	"github.com/watermill-inbox/inbox/internal/testing/kafkatest"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 

@@ -13,6 +13,8 @@
 // table: every event must have exactly one effect, none missing. It exits
 // non-zero on any violation.
 //
+// From internal/testing, the test rig's module:
+//
 //	go run ./cmd/inbox-soak                                # 100,000 deliveries
 //	go run ./cmd/inbox-soak -deliveries 1000000 -progress  # the full soak
 //	go run ./cmd/inbox-soak -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'

@@ -1,4 +1,4 @@
-package inbox_test
+package watermillsql_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/wsqltest"
+	"github.com/watermill-inbox/inbox/internal/testing/wsqltest"
 )
 
 func middlewareFor(t testing.TB, r *wsqltest.Rig) message.HandlerMiddleware {

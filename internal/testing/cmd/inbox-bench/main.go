@@ -4,6 +4,8 @@
 // in-memory Deduplicator, for each driver and concurrency, in interleaved
 // rounds so that the ratios compare runs made under the same load.
 //
+// From internal/testing, the test rig's module:
+//
 //	go run ./cmd/inbox-bench                               # every driver, c=1,8,32, empty inbox
 //	go run ./cmd/inbox-bench -prefill 10000000             # also against an inbox holding 10M claims
 //	go run ./cmd/inbox-bench -drivers pgx -prefill 10000000 -prefill-partitioning daily  # 10M claims in daily partitions
@@ -43,7 +45,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/bench"
+	"github.com/watermill-inbox/inbox/internal/testing/bench"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
