@@ -3,15 +3,14 @@ package inbox
 import (
 	"context"
 	"database/sql"
-
-	"github.com/watermill-inbox/inbox/internal/engine"
 )
 
 // TxFromContext returns the transaction that holds the message's inbox claim.
 // Write the handler's effects through it: they commit together with the claim
 // or not at all. Call it with msg.Context() inside a handler behind the inbox
-// middleware; ok is false anywhere else, and behind the native pgx middleware,
-// whose transaction pgxinbox.TxFromContext returns. Do not commit or roll back
+// middleware; ok is false anywhere else, and when the store is not on
+// database/sql (pgxinbox.TxFromContext returns a native pgx store's
+// transaction). Do not commit or roll back
 // the transaction yourself, return an error from the handler instead. A
 // handler that succeeds without calling it is reported once per consumer
 // (see [TxNotNeeded]).
@@ -22,15 +21,25 @@ import (
 // both accessors return the transaction that holds the claim, and writes
 // through either commit with it.
 func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
-	s := engine.SessionFrom(ctx)
+	t, ok := StoreTxFromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	st, ok := t.(SQLTx)
+	return st.Tx, ok
+}
+
+// StoreTxFromContext returns the transaction that holds the message's inbox
+// claim as its [Store] made it, for a store's own typed accessor (such as
+// pgxinbox.TxFromContext); handlers call that accessor, or [TxFromContext].
+// Like them, it counts as the handler taking the transaction.
+func StoreTxFromContext(ctx context.Context) (Tx, bool) {
+	s := sessionFrom(ctx)
 	if s == nil {
 		return nil, false
 	}
-	tx, ok = s.Tx.(*sql.Tx)
-	if ok {
-		s.MarkTxTaken()
-	}
-	return tx, ok
+	s.markTxTaken()
+	return s.tx, true
 }
 
 // TxNotNeeded declares that the handler of the message whose context is ctx
@@ -40,19 +49,19 @@ func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 // writes that go around the claim (see [Config].Logger). Outside an inbox
 // transaction it does nothing.
 func TxNotNeeded(ctx context.Context) {
-	if s := engine.SessionFrom(ctx); s != nil {
-		s.MarkTxNotNeeded()
+	if s := sessionFrom(ctx); s != nil {
+		s.markTxNotNeeded()
 	}
 }
 
 // EventIDFromContext returns the event id and consumer of the message being
 // handled, as the inbox recorded them.
 func EventIDFromContext(ctx context.Context) (eventID, consumer string, ok bool) {
-	s := engine.SessionFrom(ctx)
+	s := sessionFrom(ctx)
 	if s == nil {
 		return "", "", false
 	}
-	return s.EventID, s.Consumer, true
+	return s.eventID, s.consumer, true
 }
 
 // AfterCommit registers fn to run after the inbox transaction commits, for an
@@ -70,9 +79,9 @@ func EventIDFromContext(ctx context.Context) (eventID, consumer string, ok bool)
 // the handler started, or with a context kept past the handler),
 // AfterCommit returns [ErrTxEnded] and fn never runs.
 func AfterCommit(ctx context.Context, fn func(ctx context.Context) error) error {
-	s := engine.SessionFrom(ctx)
+	s := sessionFrom(ctx)
 	if s == nil {
 		return ErrNotInInbox
 	}
-	return s.AfterCommit(fn)
+	return s.afterCommit(fn)
 }

@@ -7,7 +7,7 @@
 // that cannot fail, and looks at the affected rows:
 //
 //   - a new row: the handler runs with the transaction in its context
-//     (TxFromContext) and writes its effects through it; success commits the
+//     ([TxFromContext]) and writes its effects through it; success commits the
 //     effects and the inbox row together, an error or a panic rolls both back
 //     so the redelivery is processed again;
 //   - no row: the event was already committed by this consumer; the handler
@@ -37,13 +37,16 @@
 // function itself, so every other middleware wraps the inbox whatever the
 // order of the calls. router.AddMiddleware(mw) works too, added after every
 // other middleware (see [NewMiddleware]). Wiring mistakes visible at run time
-// fail with [ErrMiswired] or are logged through Config.Logger.
+// fail with [ErrMiswired] or are logged through [Config].Logger.
 //
 // Effects outside the database cannot join the transaction: write follow-up
-// events to an outbox in the same transaction (Config.ProducedPublisher), or
-// accept at-most-once with AfterCommit.
+// events to an outbox in the same transaction ([Config].ProducedPublisher),
+// or accept at-most-once with [AfterCommit].
 //
-// Applications that use pgx natively (pgxpool) rather than database/sql use
-// package pgxinbox: the same middleware on a pgx.Tx, with BEGIN and the claim
-// sent in one round trip.
+// The stores: package sqlinbox keeps the claims through database/sql
+// (PostgreSQL, MySQL/MariaDB, SQLite) and links no database driver; package
+// pgxinbox keeps them through pgx used natively (pgxpool), with BEGIN and the
+// claim sent in one round trip, and its handlers take a pgx.Tx from
+// pgxinbox.TxFromContext. [NewMiddleware] takes either store; package purge
+// removes expired claims from either.
 package inbox

@@ -5,10 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/watermill-inbox/inbox/internal/engine"
 )
 
 // DefaultEventIDMetadataKey is the metadata key DefaultEventID reads first.
@@ -16,7 +15,7 @@ const DefaultEventIDMetadataKey = "event_id"
 
 // MaxEventIDLength is the longest event id accepted, in bytes. It matches the
 // width of the inbox table's event_id column on every dialect.
-const MaxEventIDLength = engine.MaxEventIDLength
+const MaxEventIDLength = 255
 
 // EventIDFunc returns the stable id the producer gave an event. It must return
 // the same id for every delivery of the same event and never derive it from
@@ -90,7 +89,19 @@ func EventIDFromJSONField(field string) EventIDFunc {
 // MaxEventIDLength bytes, valid UTF-8, no NUL byte (PostgreSQL text cannot
 // hold one, and other databases would silently accept what PostgreSQL
 // rejects). The error wraps ErrInvalidEventID and quotes the id, truncated.
-func ValidateEventID(id string) error { return engine.ValidateEventID(id) }
+func ValidateEventID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty", ErrInvalidEventID)
+	case len(id) > MaxEventIDLength:
+		return fmt.Errorf("%w: %d bytes, at most %d allowed: %s", ErrInvalidEventID, len(id), MaxEventIDLength, quote(id))
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: not valid UTF-8: %s", ErrInvalidEventID, quote(id))
+	case strings.IndexByte(id, 0) >= 0:
+		return fmt.Errorf("%w: contains a NUL byte: %s", ErrInvalidEventID, quote(id))
+	}
+	return nil
+}
 
 // truncate quotes s for an error message, cut to a readable length.
-func truncate(s string) string { return engine.Quote(s) }
+func truncate(s string) string { return quote(s) }

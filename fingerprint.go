@@ -1,19 +1,15 @@
 package inbox
 
 import (
-	"context"
 	"crypto/sha256"
-	"database/sql"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/watermill-inbox/inbox/internal/engine"
 )
 
 // MaxFingerprintLength is the longest fingerprint accepted, in bytes (a
 // SHA-512 digest). A longer one fails the message before any SQL.
-const MaxFingerprintLength = engine.MaxFingerprintLength
+const MaxFingerprintLength = 64
 
 // FingerprintFunc returns a digest of what makes an event that event,
 // usually its payload. Two deliveries of one event must get the same
@@ -59,27 +55,12 @@ type IDReusePolicy int
 const (
 	// IDReuseLog logs the reuse at error level and acks the message as a
 	// duplicate: delivery goes on as without fingerprints.
-	IDReuseLog IDReusePolicy = engine.IDReuseLog
+	IDReuseLog IDReusePolicy = iota
 	// IDReuseReject nacks the message with an error wrapping
 	// ErrEventIDReused, for a poison queue to take. Without one the message
 	// is redelivered forever.
-	IDReuseReject IDReusePolicy = engine.IDReuseReject
+	IDReuseReject
 	// IDReuseIgnore acks the message as a duplicate without logging; only
 	// the observer (a metric) sees it.
-	IDReuseIgnore IDReusePolicy = engine.IDReuseIgnore
+	IDReuseIgnore
 )
-
-// FingerprintStore is implemented by stores that can keep a fingerprint with
-// each claim (*sqlinbox.Store with Config.Fingerprints). The middleware uses
-// it only when Config.Fingerprint is set.
-type FingerprintStore interface {
-	// ClaimWithFingerprint is Store.Claim, storing fingerprint (nil: NULL)
-	// with a new claim. For a duplicate whose fingerprint is not nil it
-	// also returns the fingerprint stored with the original, nil when
-	// that one has none; this costs duplicates one more statement.
-	ClaimWithFingerprint(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (tx *sql.Tx, claimed bool, stored []byte, err error)
-
-	// CheckFingerprints returns an error when the store cannot keep
-	// fingerprints as configured; NewMiddleware refuses to start with it.
-	CheckFingerprints() error
-}

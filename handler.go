@@ -4,12 +4,9 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/watermill-inbox/inbox/internal/engine"
 )
 
-// Handler wraps h in the inbox middleware mw (from [NewMiddleware] or
-// pgxinbox.NewMiddleware), for [message.Router.AddHandler]. The inbox is then
+// Handler wraps h in the inbox middleware mw (from [NewMiddleware]), for [message.Router.AddHandler]. The inbox is then
 // the innermost layer by construction: every middleware added to the router
 // or to the handler, in any order, wraps it from outside, so a Retry gets a
 // new transaction per attempt and a PoisonQueue sees the rollback. Added with
@@ -20,11 +17,11 @@ import (
 // transaction (mw is not the inbox) or twice in one transaction.
 func Handler(mw message.HandlerMiddleware, h message.HandlerFunc) message.HandlerFunc {
 	return mw(func(msg *message.Message) ([]*message.Message, error) {
-		s := engine.SessionFrom(msg.Context())
+		s := sessionFrom(msg.Context())
 		if s == nil {
-			return nil, fmt.Errorf("%w: inbox.Handler was given a middleware that is not the inbox (inbox.NewMiddleware, pgxinbox.NewMiddleware)", ErrMiswired)
+			return nil, fmt.Errorf("%w: inbox.Handler was given a middleware that is not the inbox (inbox.NewMiddleware)", ErrMiswired)
 		}
-		if err := s.EnterHandler(); err != nil {
+		if err := s.enterHandler(); err != nil {
 			return nil, err
 		}
 		return h(msg)

@@ -6,19 +6,20 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/watermill-inbox/inbox/internal/engine"
 )
 
 // MaxConsumerLength is the longest consumer name accepted, in bytes.
-const MaxConsumerLength = engine.MaxConsumerLength
+const MaxConsumerLength = 255
 
-// Config configures NewMiddleware.
+// Config configures [NewMiddleware].
 type Config struct {
-	// Store records claims. Required; usually a *sqlinbox.Store.
+	// Store records claims: a *sqlinbox.Store (database/sql) or a
+	// *pgxinbox.Store (native pgx). Required.
 	Store Store
 
 	// Consumer scopes the claims: each consumer processes each event once,
@@ -41,19 +42,29 @@ type Config struct {
 	// "event_id" metadata value, else msg.UUID.
 	EventID EventIDFunc
 
-	// TxOptions are passed to BeginTx (isolation level, read-only). Defaults
-	// to nil: the database's default isolation level.
+	// TxOptions are the claim transaction's options (isolation level,
+	// read-only), for every store: a native pgx store maps them to
+	// pgx.TxOptions. Defaults to nil: the database's default isolation
+	// level.
 	TxOptions *sql.TxOptions
 
 	// ProducedPublisher, when set, publishes the messages the handler returns
 	// inside the inbox transaction, to the handler's publish topic, through
-	// the publisher it builds for that transaction (typically a watermill-sql
-	// outbox publisher bound to tx). They then commit with the claim and the
-	// handler's effect, and the middleware returns no messages to the router.
-	// Without it the router publishes them after the commit: if that publish
-	// fails, the redelivery is a duplicate and the messages are lost.
-	// Defaults to nil (the router publishes them).
-	ProducedPublisher func(tx *sql.Tx) (message.Publisher, error)
+	// the publisher it builds in ctx, the handler's context: typically a
+	// watermill-sql outbox publisher bound to the transaction that
+	// [TxFromContext] (or pgxinbox.TxFromContext) returns for ctx:
+	//
+	//	func(ctx context.Context) (message.Publisher, error) {
+	//		tx, _ := inbox.TxFromContext(ctx)
+	//		return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nil)
+	//	}
+	//
+	// The messages then commit with the claim and the handler's effect, and
+	// the middleware returns none to the router. Without it the router
+	// publishes them after the commit: if that publish fails, the
+	// redelivery is a duplicate and the messages are lost. Defaults to nil
+	// (the router publishes them).
+	ProducedPublisher func(ctx context.Context) (message.Publisher, error)
 
 	// Observer, when set, is told about every message (outcome, timings),
 	// for metrics and tracing. Defaults to nil.
@@ -64,7 +75,7 @@ type Config struct {
 	// a duplicate whose fingerprint differs from the original's, an event id
 	// the producer reused for another event, is reported (OutcomeIDReused,
 	// OnIDReuse) instead of being acked silently. The Store must implement
-	// FingerprintStore (sqlinbox.Config.Fingerprints). Duplicates then take
+	// FingerprintChecker (sqlinbox.Config.Fingerprints). Duplicates then take
 	// one more statement; new claims cost nothing more. Defaults to nil: no
 	// fingerprints.
 	Fingerprint FingerprintFunc
@@ -110,14 +121,14 @@ func (c Config) validate() error {
 		return errors.New("Store is required")
 	}
 	if c.Consumer != "" {
-		if err := engine.ValidateConsumer(c.Consumer); err != nil {
+		if err := validateConsumer(c.Consumer); err != nil {
 			return fmt.Errorf("Consumer: %w", err)
 		}
 	}
 	if c.Fingerprint != nil {
-		fs, ok := c.Store.(FingerprintStore)
+		fs, ok := c.Store.(FingerprintChecker)
 		if !ok {
-			return fmt.Errorf("Fingerprint: the store (%T) cannot keep fingerprints (inbox.FingerprintStore)", c.Store)
+			return fmt.Errorf("Fingerprint: the store (%T) cannot keep fingerprints (inbox.FingerprintChecker)", c.Store)
 		}
 		if err := fs.CheckFingerprints(); err != nil {
 			return fmt.Errorf("Fingerprint: %w", err)
@@ -153,66 +164,36 @@ func (c Config) validate() error {
 //
 // Behind a watermill-sql subscriber, the claim's transaction also takes the
 // place of the subscriber's for the handler (see [TxFromContext]); a pgx
-// subscriber's transaction cannot be replaced by a *sql.Tx, and its messages
-// are refused with [ErrSubscriberTx].
+// subscriber's transaction cannot be replaced by a *sql.Tx, nor a
+// database/sql one by a pgx.Tx, and such messages are refused with
+// [ErrSubscriberTx].
 func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	config.setDefaults()
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("inbox: invalid config: %w", err)
 	}
-	e := &engine.Engine[*sql.Tx]{
-		Consumer: config.Consumer,
-		EventID:  config.EventID,
-		Claim: func(ctx context.Context, consumer, eventID string) (*sql.Tx, bool, error) {
-			return config.Store.Claim(ctx, config.TxOptions, consumer, eventID)
-		},
-		Commit:    func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
-		Rollback:  func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
-		Publisher: config.ProducedPublisher,
-		Observe:   observe(config.Observer),
-		Logger:    config.Logger,
-
-		ShareConsumer: config.ShareConsumer,
-
-		OnIDReuse:   int(config.OnIDReuse),
-		MaxEventAge: config.MaxEventAge,
-		EventTime:   config.EventTime,
-		StaleEvents: int(config.StaleEvents),
-	}
-	if config.Fingerprint != nil {
-		fs := config.Store.(FingerprintStore)
-		e.Fingerprint = config.Fingerprint
-		e.ClaimFingerprint = func(ctx context.Context, consumer, eventID string, fp []byte) (*sql.Tx, bool, []byte, error) {
-			return fs.ClaimWithFingerprint(ctx, config.TxOptions, consumer, eventID, fp)
-		}
-	}
+	e := &engine{config: config}
 	if checker, ok := config.Store.(EventIDChecker); ok {
-		e.CheckEventID = checker.CheckEventID
+		e.checkID = checker.CheckEventID
 	}
-	return e.Middleware, nil
+	return e.middleware, nil
 }
 
-func init() {
-	engine.AdaptObserver = func(o any) func(context.Context) (context.Context, func(engine.Observation)) {
-		obs, _ := o.(Observer)
-		return observe(obs)
+// validateConsumer keeps consumer names readable in the table and in logs.
+func validateConsumer(name string) error {
+	if name == "" {
+		return ErrNoConsumer
 	}
-}
-
-// observe adapts o to the middleware engine; nil stays nil, so that
-// messages cost nothing extra without an observer.
-func observe(o Observer) func(context.Context) (context.Context, func(engine.Observation)) {
-	if o == nil {
-		return nil
+	if len(name) > MaxConsumerLength {
+		return fmt.Errorf("consumer name is %d bytes, at most %d allowed: %s", len(name), MaxConsumerLength, quote(name))
 	}
-	return func(ctx context.Context) (context.Context, func(engine.Observation)) {
-		ctx, done := o.Start(ctx)
-		return ctx, func(ob engine.Observation) {
-			done(Observation{
-				Consumer: ob.Consumer, EventID: ob.EventID, Outcome: Outcome(ob.Outcome), Err: ob.Err, Stale: ob.Stale,
-				Start: ob.Start, ClaimStart: ob.ClaimStart, ClaimDuration: ob.ClaimDuration, Duration: ob.Duration,
-				AfterCommitErr: ob.AfterCommitErr,
-			})
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("consumer name is not valid UTF-8: %s", quote(name))
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("consumer name contains a non-printable character %U: %s", r, quote(name))
 		}
 	}
+	return nil
 }

@@ -308,7 +308,7 @@ func TestUnusedTxReportedOncePerConsumer(t *testing.T) {
 	var published atomic.Int64
 	conformance.RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(w.middleware(t, inbox.Config{
-			ProducedPublisher: func(*sql.Tx) (message.Publisher, error) { return countingPublisher{&published}, nil },
+			ProducedPublisher: func(context.Context) (message.Publisher, error) { return countingPublisher{&published}, nil },
 		}))
 		// The miswired handler: its effect goes around the claim (here to
 		// memory; SQLite would make a write through w.db wait for the

@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/watermill-inbox/inbox/internal/engine"
 )
 
 // EventTimeFunc returns when the producer created the event, and false when
@@ -51,12 +49,12 @@ const (
 	// StaleProcess logs a warning (at info level, Watermill loggers have no
 	// warning level) and processes the event as usual: a duplicate whose row
 	// was purged runs the handler again.
-	StaleProcess StalePolicy = engine.StaleProcess
+	StaleProcess StalePolicy = iota
 	// StaleReject nacks the message with an error wrapping ErrStaleEvent,
 	// before any SQL, for a poison queue to take. Without one the message is
 	// redelivered forever.
-	StaleReject StalePolicy = engine.StaleReject
+	StaleReject
 	// StaleSkip acks the message without calling the handler and logs it
 	// at error level: its effect is lost if it was never processed.
-	StaleSkip StalePolicy = engine.StaleSkip
+	StaleSkip
 )

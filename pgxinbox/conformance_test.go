@@ -6,7 +6,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -44,14 +43,16 @@ func nativeTarget(name string) conformance.Target {
 		FailedStatementAbortsTx: true,
 		ClaimTimeout:            true,
 		Native: &conformance.Native{
-			Middleware: func(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (message.HandlerMiddleware, func(), error) {
-				store := newStore(t, sc)
-				mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{
-					Store: store, Consumer: cfg.Consumer, ShareConsumer: cfg.ShareConsumer, EventID: cfg.EventID, Logger: cfg.Logger, Observer: cfg.Observer,
-					Fingerprint: cfg.Fingerprint, OnIDReuse: cfg.OnIDReuse,
-					MaxEventAge: cfg.MaxEventAge, EventTime: cfg.EventTime, StaleEvents: cfg.StaleEvents,
-				})
-				return mw, store.Pool().Close, err
+			Store: func(t testing.TB, sc sqlinbox.Config) (inbox.Store, func(), error) {
+				pool, err := pgxpool.New(context.Background(), testdb.PostgresDSN())
+				require.NoError(t, err)
+				t.Cleanup(pool.Close)
+				store, err := pgxinbox.NewStore(pool, sc)
+				if err != nil {
+					return nil, pool.Close, err
+				}
+				t.Cleanup(func() { _ = store.Close() })
+				return store, pool.Close, nil
 			},
 			Exec: func(ctx context.Context, query string, args ...any) error {
 				tx, ok := pgxinbox.TxFromContext(ctx)
@@ -66,13 +67,13 @@ func nativeTarget(name string) conformance.Target {
 }
 
 // newStore opens a pool of its own, closed when the test ends, and a
-// PgxStore on it.
-func newStore(t testing.TB, sc sqlinbox.Config) *sqlinbox.PgxStore {
+// pgxinbox.Store on it.
+func newStore(t testing.TB, sc sqlinbox.Config) *pgxinbox.Store {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), testdb.PostgresDSN())
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	store, err := sqlinbox.NewPgx(pool, sc)
+	store, err := pgxinbox.NewStore(pool, sc)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
 	return store

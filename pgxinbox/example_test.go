@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -26,14 +27,14 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	store, err := sqlinbox.NewPgx(pool, sqlinbox.Config{})
+	store, err := pgxinbox.NewStore(pool, sqlinbox.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
 	if err := store.CreateSchema(ctx); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store})
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -43,14 +44,14 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	router.AddMiddleware(middleware.Recoverer, mw)
+	router.AddMiddleware(middleware.Recoverer)
 	invoicing := func(msg *message.Message) error {
 		tx, _ := pgxinbox.TxFromContext(msg.Context()) // a pgx.Tx
 		_, err := tx.Exec(msg.Context(), `INSERT INTO invoices (order_id) VALUES ($1)`, msg.UUID)
 		return err
 	}
 	orders := gochannel.NewGoChannel(gochannel.Config{}, logger) // Kafka, AMQP...: any subscriber
-	router.AddConsumerHandler("invoicing", "orders", orders, invoicing)
+	router.AddConsumerHandler("invoicing", "orders", orders, inbox.ConsumerHandler(mw, invoicing))
 	if err := router.Run(ctx); err != nil {
 		log.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package pgxinbox_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"sync"
 	"testing"
@@ -17,9 +18,19 @@ import (
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
+// claimTx claims (consumer, eventID) as the middleware does and returns
+// the claim's transaction, nil for a duplicate.
+func (f *fixture) claimTx(ctx context.Context, opts *sql.TxOptions, consumer, eventID string) (pgx.Tx, bool, error) {
+	tx, _, err := f.store.Claim(ctx, opts, consumer, eventID, nil)
+	if tx == nil {
+		return nil, false, err
+	}
+	return tx.(pgx.Tx), true, err
+}
+
 func (f *fixture) claim(t *testing.T, consumer, eventID string) bool {
 	t.Helper()
-	tx, ok, err := f.store.Claim(context.Background(), pgx.TxOptions{}, consumer, eventID)
+	tx, ok, err := f.claimTx(context.Background(), nil, consumer, eventID)
 	require.NoError(t, err)
 	if ok {
 		require.NoError(t, tx.Commit(context.Background()))
@@ -50,7 +61,7 @@ func TestPartitionedDuplicateAcrossPartitions(t *testing.T) {
 	t.Parallel()
 	f := setup(t, sqlinbox.Config{Partitioning: sqlinbox.Daily})
 	ctx := context.Background()
-	sess, ok, err := f.store.BeginPurge(ctx)
+	sess, ok, err := f.sqlStore(t).BeginPurge(ctx)
 	require.NoError(t, err)
 	require.True(t, ok)
 	created, _, err := sess.CreatePartitions(ctx, 0, time.Second)
@@ -90,7 +101,7 @@ func TestPartitionedRacingClaimsOneWinner(t *testing.T) {
 	const events, racers = 5, 12
 	testdb.RaceClaims(t, events, racers, func(id string) (func() error, bool, error) {
 		ctx := context.Background()
-		tx, ok, err := f.store.Claim(ctx, pgx.TxOptions{}, "billing", id)
+		tx, ok, err := f.claimTx(ctx, nil, "billing", id)
 		if !ok {
 			return nil, false, err
 		}
@@ -109,8 +120,8 @@ func TestPartitionedRacingClaimsOneWinner(t *testing.T) {
 func TestPartitionedNeedsReadCommitted(t *testing.T) {
 	t.Parallel()
 	f := setup(t, sqlinbox.Config{Partitioning: sqlinbox.Monthly})
-	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
-		tx, ok, err := f.store.Claim(context.Background(), pgx.TxOptions{IsoLevel: iso}, "billing", "ev-1")
+	for _, iso := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
+		tx, ok, err := f.claimTx(context.Background(), &sql.TxOptions{Isolation: iso}, "billing", "ev-1")
 		if ok {
 			_ = tx.Rollback(context.Background())
 		}
@@ -119,7 +130,7 @@ func TestPartitionedNeedsReadCommitted(t *testing.T) {
 	}
 	require.Zero(t, f.claims(t, "ev-1"))
 	f.noOpenTransactions(t)
-	tx, ok, err := f.store.Claim(context.Background(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, "billing", "ev-1")
+	tx, ok, err := f.claimTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelReadCommitted}, "billing", "ev-1")
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, tx.Commit(context.Background()))
@@ -172,9 +183,9 @@ func TestPartitionedLockIgnoresTableSpelling(t *testing.T) {
 		})
 	}
 	qualified := newStore(t, sqlinbox.Config{Table: schema + "." + table, Partitioning: sqlinbox.Daily})
-	qualifiedMW, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: qualified, Consumer: "c"})
+	qualifiedMW, err := inbox.NewMiddleware(inbox.Config{Store: qualified, Consumer: "c"})
 	require.NoError(t, err)
-	stdStore, err := sqlinbox.New(qualified.DB(), sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: schema + "." + table, Partitioning: sqlinbox.Daily})
+	stdStore, err := sqlinbox.New(testdb.Postgres(t, "pgx"), sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: schema + "." + table, Partitioning: sqlinbox.Daily})
 	require.NoError(t, err)
 	stdMW, err := inbox.NewMiddleware(inbox.Config{Store: stdStore, Consumer: "c"})
 	require.NoError(t, err)
@@ -194,4 +205,13 @@ func TestPartitionedLockIgnoresTableSpelling(t *testing.T) {
 		require.Equal(t, 1, n, "effects of %s", id)
 	}
 	f.noOpenTransactions(t)
+}
+
+// sqlStore is a database/sql store of the fixture's table, for what the
+// native store leaves to database/sql (creating partitions).
+func (f *fixture) sqlStore(t *testing.T) *sqlinbox.Store {
+	t.Helper()
+	s, err := sqlinbox.New(testdb.Postgres(t, "pgx"), f.config)
+	require.NoError(t, err)
+	return s
 }

@@ -19,10 +19,11 @@ import (
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
-// fixture is a PgxStore on a fresh inbox table, with its own pool.
+// fixture is a pgxinbox.Store on a fresh inbox table, with its own pool.
 type fixture struct {
-	store *sqlinbox.PgxStore
-	mw    message.HandlerMiddleware
+	store  *pgxinbox.Store
+	config sqlinbox.Config
+	mw     message.HandlerMiddleware
 }
 
 func setup(t *testing.T, sc sqlinbox.Config) *fixture {
@@ -31,9 +32,10 @@ func setup(t *testing.T, sc sqlinbox.Config) *fixture {
 	store := newStore(t, sc)
 	require.NoError(t, store.CreateSchema(context.Background()))
 	t.Cleanup(func() { _, _ = store.Pool().Exec(context.Background(), "DROP TABLE IF EXISTS "+sc.Table) })
-	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store, Consumer: "c"})
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 	require.NoError(t, err)
-	return &fixture{store: store, mw: mw}
+	sc.Dialect = sqlinbox.PostgreSQL
+	return &fixture{store: store, config: sc, mw: mw}
 }
 
 func (f *fixture) claims(t *testing.T, eventID string) int {
@@ -138,24 +140,24 @@ func TestNoTransactionLeaks(t *testing.T) {
 	f.noOpenTransactions(t)
 }
 
-func TestNewPgxRefusesWhatItCannotDo(t *testing.T) {
+func TestNewStoreRefusesWhatItCannotDo(t *testing.T) {
 	t.Parallel()
 	pool := newStore(t, sqlinbox.Config{Table: "unused"}).Pool()
-	_, err := sqlinbox.NewPgx(pool, sqlinbox.Config{Dialect: sqlinbox.MySQL})
+	_, err := pgxinbox.NewStore(pool, sqlinbox.Config{Dialect: sqlinbox.MySQL})
 	require.ErrorContains(t, err, "PostgreSQL")
-	_, err = sqlinbox.NewPgx(pool, sqlinbox.Config{Partitioning: 7})
+	_, err = pgxinbox.NewStore(pool, sqlinbox.Config{Partitioning: 7})
 	require.ErrorContains(t, err, "Partitioning")
-	_, err = sqlinbox.NewPgx(pool, sqlinbox.Config{Partitioning: sqlinbox.Daily, Fingerprints: true})
+	_, err = pgxinbox.NewStore(pool, sqlinbox.Config{Partitioning: sqlinbox.Daily, Fingerprints: true})
 	require.NoError(t, err, "partitioned tables and fingerprints work on pgx")
-	_, err = sqlinbox.NewPgx(nil, sqlinbox.Config{})
+	_, err = pgxinbox.NewStore(nil, sqlinbox.Config{})
 	require.Error(t, err)
-	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{})
+	_, err = inbox.NewMiddleware(inbox.Config{})
 	require.ErrorContains(t, err, "Store")
-	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{Store: newStore(t, sqlinbox.Config{}), Consumer: "a\x00"})
+	_, err = inbox.NewMiddleware(inbox.Config{Store: newStore(t, sqlinbox.Config{}), Consumer: "a\x00"})
 	require.ErrorContains(t, err, "Consumer")
-	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{Store: newStore(t, sqlinbox.Config{}), Fingerprint: inbox.PayloadFingerprint})
+	_, err = inbox.NewMiddleware(inbox.Config{Store: newStore(t, sqlinbox.Config{}), Fingerprint: inbox.PayloadFingerprint})
 	require.ErrorContains(t, err, "Fingerprints", "a store without the column")
-	_, err = pgxinbox.NewMiddleware(pgxinbox.Config{Store: newStore(t, sqlinbox.Config{Fingerprints: true}), OnIDReuse: 9})
+	_, err = inbox.NewMiddleware(inbox.Config{Store: newStore(t, sqlinbox.Config{Fingerprints: true}), OnIDReuse: 9})
 	require.ErrorContains(t, err, "OnIDReuse")
 }
 
@@ -177,7 +179,7 @@ func TestObserver(t *testing.T) {
 	t.Parallel()
 	f := setup(t, sqlinbox.Config{})
 	rec := &recorder{}
-	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: f.store, Consumer: "c", Observer: rec})
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: f.store, Consumer: "c", Observer: rec})
 	require.NoError(t, err)
 	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	_, _ = mw(func(*message.Message) ([]*message.Message, error) { return nil, errors.New("fail") })(msg("a"))
@@ -206,11 +208,11 @@ func TestClaimTimeoutKeepsSessionLockTimeout(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			table := testdb.Name("inbox")
-			store, err := sqlinbox.NewPgx(pool, sqlinbox.Config{Table: table, Partitioning: mode, ClaimTimeout: 250 * time.Millisecond})
+			store, err := pgxinbox.NewStore(pool, sqlinbox.Config{Table: table, Partitioning: mode, ClaimTimeout: 250 * time.Millisecond})
 			require.NoError(t, err)
 			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
 			require.NoError(t, store.CreateSchema(ctx))
-			mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store, Consumer: "c"})
+			mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 			require.NoError(t, err)
 			var inside string
 			_, err = mw(func(m *message.Message) ([]*message.Message, error) {

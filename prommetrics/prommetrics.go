@@ -179,7 +179,7 @@ func (m *Metrics) ObservePurge(table string, deleted int64, d time.Duration, err
 }
 
 // OldestClaimer is a store that can tell its oldest row: *sqlinbox.Store and
-// *sqlinbox.PgxStore.
+// *pgxinbox.Store.
 type OldestClaimer interface {
 	Table() string
 	OldestClaim(ctx context.Context) (oldest time.Time, ok bool, err error)

@@ -131,7 +131,7 @@ func claimLatencies(b *testing.B, bb *bundle, prefix string, work func()) (lat [
 				next = next.Add(claimInterval)
 				id := fmt.Sprintf("%s-%d-%d", prefix, w, count.Add(1))
 				start := time.Now()
-				tx, ok, err := bb.store.Claim(context.Background(), nil, "live", id)
+				tx, ok, err := claim(context.Background(), bb.store, nil, "live", id)
 				if err == nil && ok {
 					err = tx.Commit()
 				}

@@ -52,11 +52,11 @@ func Example() {
 	}
 	fmt.Println("purged:", deleted)
 
-	_, isNew, err := store.Claim(ctx, nil, "invoicing", "order-2")
+	tx, _, err := store.Claim(ctx, nil, "invoicing", "order-2", nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("order-2 processed again:", isNew)
+	fmt.Println("order-2 processed again:", tx != nil)
 	// Output:
 	// true
 	// purged: 1

@@ -117,7 +117,7 @@ func TestDropWaitsAtMostLockTimeout(t *testing.T) {
 	b.seed(t, "billing", "d10-", 10, 10*day)
 
 	// A handler's transaction, still open: its claim holds the table.
-	tx, ok, err := b.store.Claim(context.Background(), nil, "billing", "in-flight")
+	tx, ok, err := claim(context.Background(), b.store, nil, "billing", "in-flight")
 	require.NoError(t, err)
 	require.True(t, ok)
 	t.Cleanup(func() { _ = tx.Rollback() }) // before the table is dropped

@@ -14,6 +14,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/purge"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -176,7 +177,7 @@ func (b *bundle) purger(t testing.TB, cfg purge.Config) *purge.Purger {
 // new.
 func (b *bundle) claim(t testing.TB, consumer, id string) bool {
 	t.Helper()
-	tx, ok, err := b.store.Claim(context.Background(), nil, consumer, id)
+	tx, ok, err := claim(context.Background(), b.store, nil, consumer, id)
 	require.NoError(t, err)
 	if ok {
 		require.NoError(t, tx.Commit())
@@ -495,4 +496,14 @@ func or(d, otherwise time.Duration) time.Duration {
 		return otherwise
 	}
 	return d
+}
+
+// claim claims (consumer, eventID) through store as the middleware does
+// and returns the claim's transaction, nil for a duplicate.
+func claim(ctx context.Context, store inbox.Store, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
+	tx, _, err := store.Claim(ctx, opts, consumer, eventID, nil)
+	if tx == nil {
+		return nil, false, err
+	}
+	return tx.(inbox.SQLTx).Tx, true, err
 }

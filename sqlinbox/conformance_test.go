@@ -1,10 +1,12 @@
 package sqlinbox_test
 
 import (
+	"context"
 	"database/sql"
 	"testing"
 	"time"
 
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/conformance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -56,4 +58,14 @@ func postgresTarget(name, driver string) conformance.Target {
 func partitioned(target conformance.Target, mode sqlinbox.Partitioning) conformance.Target {
 	target.Partitioning = mode
 	return target
+}
+
+// claim claims (consumer, eventID) through store as the middleware does
+// and returns the claim's transaction, nil for a duplicate.
+func claim(ctx context.Context, store inbox.Store, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
+	tx, _, err := store.Claim(ctx, opts, consumer, eventID, nil)
+	if tx == nil {
+		return nil, false, err
+	}
+	return tx.(inbox.SQLTx).Tx, true, err
 }

@@ -35,7 +35,7 @@ func BenchmarkClaim(b *testing.B) {
 			require.NoError(b, store.CreateSchema(ctx))
 			b.Run("new", func(b *testing.B) {
 				for i := 0; b.Loop(); i++ {
-					tx, claimed, err := store.Claim(ctx, nil, "c", fmt.Sprintf("ev-%d", i))
+					tx, claimed, err := claim(ctx, store, nil, "c", fmt.Sprintf("ev-%d", i))
 					require.NoError(b, err)
 					require.True(b, claimed)
 					require.NoError(b, tx.Commit())
@@ -43,7 +43,7 @@ func BenchmarkClaim(b *testing.B) {
 			})
 			b.Run("duplicate", func(b *testing.B) {
 				for b.Loop() {
-					_, claimed, err := store.Claim(ctx, nil, "c", "ev-0")
+					_, claimed, err := claim(ctx, store, nil, "c", "ev-0")
 					require.NoError(b, err)
 					require.False(b, claimed)
 				}

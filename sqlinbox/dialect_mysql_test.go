@@ -46,11 +46,11 @@ func TestMySQLRefusesClientFoundRows(t *testing.T) {
 		require.Zero(t, n)
 		good, err := sqlinbox.New(testdb.MySQL(t), sqlinbox.Config{Dialect: sqlinbox.MySQL, Table: store.Table(), UUIDEventIDs: uuidIDs})
 		require.NoError(t, err)
-		tx, claimed, err := good.Claim(ctx, nil, "c", msg.UUID)
+		tx, claimed, err := claim(ctx, good, nil, "c", msg.UUID)
 		require.NoError(t, err)
 		require.True(t, claimed)
 		require.NoError(t, tx.Commit())
-		_, claimed, err = good.Claim(ctx, nil, "c", msg.UUID)
+		_, claimed, err = claim(ctx, good, nil, "c", msg.UUID)
 		require.NoError(t, err)
 		require.False(t, claimed)
 	}
@@ -67,7 +67,7 @@ func TestMySQLKeysCompareBytes(t *testing.T) {
 	require.NoError(t, store.CreateSchema(ctx))
 	for _, consumer := range []string{"C", "c", "c ", "é", "e"} {
 		for _, id := range []string{"A", "a", "a ", "á"} {
-			tx, claimed, err := store.Claim(ctx, nil, consumer, id)
+			tx, claimed, err := claim(ctx, store, nil, consumer, id)
 			require.NoError(t, err)
 			require.True(t, claimed, "%q/%q", consumer, id)
 			require.NoError(t, tx.Commit())

@@ -30,7 +30,7 @@ func TestClaimTimeoutKeepsSessionLockTimeout(t *testing.T) {
 				_, err = db.Exec(`SET lock_timeout = '1234ms'`)
 				require.NoError(t, err)
 				for _, id := range []string{"ev-1", "ev-2"} {
-					tx, ok, err := store.Claim(ctx, nil, "billing", id)
+					tx, ok, err := claim(ctx, store, nil, "billing", id)
 					require.NoError(t, err)
 					require.True(t, ok)
 					var inside string

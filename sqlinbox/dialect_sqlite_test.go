@@ -151,16 +151,16 @@ func TestSQLiteBusyTimeoutIsInFlight(t *testing.T) {
 	first, second := impatientPair(t)
 	impatient := second.DB()
 
-	tx, claimed, err := first.Claim(ctx, nil, "c", "x")
+	tx, claimed, err := claim(ctx, first, nil, "c", "x")
 	require.NoError(t, err)
 	require.True(t, claimed)
 	for _, id := range []string{"x", "another event"} {
-		_, _, err = second.Claim(ctx, nil, "c", id)
+		_, _, err = claim(ctx, second, nil, "c", id)
 		require.ErrorIs(t, err, inbox.ErrInFlight, "one writer at a time: %s waits for the whole database", id)
 	}
 	require.NoError(t, tx.Commit())
 
-	_, claimed, err = second.Claim(ctx, nil, "c", "x")
+	_, claimed, err = claim(ctx, second, nil, "c", "x")
 	require.NoError(t, err)
 	require.False(t, claimed)
 	var n int
@@ -180,7 +180,7 @@ func TestSQLiteBusyPurgeBatchIsATimeout(t *testing.T) {
 	require.True(t, ok)
 	defer sess.Close()
 
-	tx, claimed, err := first.Claim(ctx, nil, "c", "x")
+	tx, claimed, err := claim(ctx, first, nil, "c", "x")
 	require.NoError(t, err)
 	require.True(t, claimed)
 	_, err = sess.DeleteBatch(ctx, sqlinbox.PurgeScope{OlderThan: time.Hour}, 100, 0)
@@ -210,7 +210,7 @@ func TestSQLiteProcessedAtIsSortableUTC(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchema(ctx))
 	before := time.Now().UTC().Truncate(time.Millisecond)
-	tx, claimed, err := store.Claim(ctx, nil, "c", "x")
+	tx, claimed, err := claim(ctx, store, nil, "c", "x")
 	require.NoError(t, err)
 	require.True(t, claimed)
 	require.NoError(t, tx.Commit())

@@ -65,7 +65,7 @@ func TestClaimTimeoutLimit(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, store.CreateSchema(ctx))
 			t.Cleanup(func() { _ = store.Close() })
-			tx, ok, err := store.Claim(ctx, nil, "billing", "ev-1")
+			tx, ok, err := claim(ctx, store, nil, "billing", "ev-1")
 			require.NoError(t, err)
 			require.True(t, ok)
 			require.NoError(t, tx.Commit())

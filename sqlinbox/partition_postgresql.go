@@ -71,7 +71,7 @@ func checkPartitioning(c Config) error {
 // before it started, and only a statement started after the lock was granted
 // sees the row of the transaction that held it. For the same reason the
 // claim refuses REPEATABLE READ and SERIALIZABLE, whose snapshot is taken by
-// the first statement, before the wait. A pipeline (PgxStore) may send both
+// the first statement, before the wait. A pipeline (pgxinbox.Store) may send both
 // statements at once: each still takes its snapshot when the server
 // reaches it, after the previous one finished.
 func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string) queries {

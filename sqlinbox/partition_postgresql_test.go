@@ -49,9 +49,9 @@ func partitionOf(t *testing.T, db *sql.DB, table, consumer, eventID string) stri
 	return name
 }
 
-func claim(t *testing.T, store *sqlinbox.Store, consumer, eventID string) bool {
+func claimOnce(t *testing.T, store *sqlinbox.Store, consumer, eventID string) bool {
 	t.Helper()
-	tx, ok, err := store.Claim(context.Background(), nil, consumer, eventID)
+	tx, ok, err := claim(context.Background(), store, nil, consumer, eventID)
 	require.NoError(t, err)
 	if ok {
 		require.NoError(t, tx.Commit())
@@ -79,23 +79,23 @@ func TestPartitionedDuplicateAcrossPartitions(t *testing.T) {
 			today := table + "_p" + created[0].From.Format("20060102")
 			old := createPartition(t, db, table, 5*24*time.Hour)
 
-			require.True(t, claim(t, store, "billing", "ev-1"))
+			require.True(t, claimOnce(t, store, "billing", "ev-1"))
 			require.Equal(t, today, partitionOf(t, db, table, "billing", "ev-1"))
-			require.False(t, claim(t, store, "billing", "ev-1"), "same partition")
+			require.False(t, claimOnce(t, store, "billing", "ev-1"), "same partition")
 
 			// Five days pass: the row now sits in an older partition, and a
 			// new claim would land in today's.
 			_, err = db.Exec(fmt.Sprintf(`UPDATE %s SET processed_at = processed_at - interval '5 days' WHERE event_id = 'ev-1'`, table))
 			require.NoError(t, err)
 			require.Equal(t, old, partitionOf(t, db, table, "billing", "ev-1"))
-			require.False(t, claim(t, store, "billing", "ev-1"), "a duplicate whose original is in another partition must be detected")
-			require.True(t, claim(t, store, "other-consumer", "ev-1"))
+			require.False(t, claimOnce(t, store, "billing", "ev-1"), "a duplicate whose original is in another partition must be detected")
+			require.True(t, claimOnce(t, store, "other-consumer", "ev-1"))
 
 			// An original that went to the default partition is found too.
 			_, err = db.Exec(fmt.Sprintf(`INSERT INTO %s (consumer, event_id, processed_at) VALUES ('billing', 'ev-2', now() - interval '40 days')`, table))
 			require.NoError(t, err)
 			require.Equal(t, table+"_default", partitionOf(t, db, table, "billing", "ev-2"))
-			require.False(t, claim(t, store, "billing", "ev-2"))
+			require.False(t, claimOnce(t, store, "billing", "ev-2"))
 
 			var n int
 			require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table).Scan(&n))
@@ -111,7 +111,7 @@ func TestPartitionedRacingClaimsOneWinner(t *testing.T) {
 	db, store, table := partitionedStore(t, "pgx", sqlinbox.Daily)
 	const events, racers = 5, 12
 	testdb.RaceClaims(t, events, racers, func(id string) (func() error, bool, error) {
-		tx, ok, err := store.Claim(context.Background(), nil, "billing", id)
+		tx, ok, err := claim(context.Background(), store, nil, "billing", id)
 		if !ok {
 			return nil, false, err
 		}
@@ -127,10 +127,10 @@ func TestPartitionedRacingClaimsOneWinner(t *testing.T) {
 func TestPartitionedNeedsReadCommitted(t *testing.T) {
 	t.Parallel()
 	_, store, _ := partitionedStore(t, "pgx", sqlinbox.Monthly)
-	_, ok, err := store.Claim(context.Background(), &sql.TxOptions{Isolation: sql.LevelRepeatableRead}, "billing", "ev-1")
+	_, ok, err := claim(context.Background(), store, &sql.TxOptions{Isolation: sql.LevelRepeatableRead}, "billing", "ev-1")
 	require.ErrorContains(t, err, "needs READ COMMITTED")
 	require.False(t, ok)
-	require.True(t, claim(t, store, "billing", "ev-1"))
+	require.True(t, claimOnce(t, store, "billing", "ev-1"))
 }
 
 // A store whose Partitioning does not match the table refuses to claim: the
@@ -141,7 +141,7 @@ func TestPartitioningMustMatchTheTable(t *testing.T) {
 	db, _, table := partitionedStore(t, "pgx", sqlinbox.Daily)
 	plain, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table})
 	require.NoError(t, err)
-	_, _, err = plain.Claim(context.Background(), nil, "billing", "ev-1")
+	_, _, err = claim(context.Background(), plain, nil, "billing", "ev-1")
 	require.ErrorContains(t, err, "is partitioned but Config.Partitioning is none")
 	// Purging it as a plain table could delete by ctid across partitions.
 	_, _, err = plain.BeginPurge(context.Background())
@@ -153,7 +153,7 @@ func TestPartitioningMustMatchTheTable(t *testing.T) {
 	require.NoError(t, plainStore.CreateSchema(context.Background()))
 	wrong, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: plainTable, Partitioning: sqlinbox.Monthly})
 	require.NoError(t, err)
-	_, _, err = wrong.Claim(context.Background(), nil, "billing", "ev-1")
+	_, _, err = claim(context.Background(), wrong, nil, "billing", "ev-1")
 	require.ErrorContains(t, err, "is not partitioned")
 
 	_, err = sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Partitioning: 7})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/claimsql"
 )
 
 // DefaultTable is the inbox table's name when Config.Table is empty.
@@ -57,14 +58,14 @@ type Config struct {
 	// by processed_at (Daily or Monthly), whose purge drops whole partitions
 	// instead of deleting rows; see package purge. Claims then take a lock
 	// on the event's key first, so that a duplicate is found in any
-	// partition: one more round trip on database/sql, none on NewPgx, whose
+	// partition: one more round trip on database/sql, none on a pgxinbox.Store, whose
 	// batch carries it. They need READ COMMITTED. It must match the table
 	// CreateSchema made. Defaults to NoPartitioning.
 	Partitioning Partitioning
 
 	// Fingerprints adds a nullable fingerprint column to the table
 	// CreateSchema makes (PostgreSQL bytea, MySQL VARBINARY(64), SQLite
-	// BLOB) and makes the Store an inbox.FingerprintStore, for the
+	// BLOB) and makes the Store an [inbox.FingerprintChecker], for the
 	// middleware's id-reuse detection (inbox.Config.Fingerprint). An
 	// existing table needs the column added once; see SchemaSQL. Rows
 	// claimed before have no fingerprint and never count as a reused id.
@@ -86,9 +87,9 @@ type Store struct {
 }
 
 var (
-	_ inbox.Store            = (*Store)(nil)
-	_ inbox.EventIDChecker   = (*Store)(nil)
-	_ inbox.FingerprintStore = (*Store)(nil)
+	_ inbox.Store              = (*Store)(nil)
+	_ inbox.EventIDChecker     = (*Store)(nil)
+	_ inbox.FingerprintChecker = (*Store)(nil)
 )
 
 // New returns a Store for db. It validates the configuration but does not
@@ -191,47 +192,32 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 	return nil
 }
 
-// Claim implements inbox.Store: BEGIN, then the claim as the transaction's
-// first statement. The claim is a prepared statement, so after the first use
-// on a connection it costs one round trip on every driver.
-func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
-	stmt, err := s.claimStmt(ctx)
-	if err != nil {
-		return nil, false, err
-	}
-	tx, err := s.db.BeginTx(ctx, opts)
-	if err != nil {
-		return nil, false, s.dialect.classify(err)
-	}
-	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID, nil)
-	if err != nil || !claimed {
-		_ = tx.Rollback()
-		return nil, false, err
-	}
-	return tx, true, nil
-}
-
-// ClaimWithFingerprint implements inbox.FingerprintStore: Claim, storing
-// fingerprint with a new claim. For a duplicate with a fingerprint it reads
-// the original's in the claim's transaction, which by then sees the
-// committed row the claim found (a statement later, under READ COMMITTED;
-// in the same snapshot under REPEATABLE READ, where the claim sees only
-// rows it can read), then rolls back.
-func (s *Store) ClaimWithFingerprint(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (*sql.Tx, bool, []byte, error) {
-	if err := s.CheckFingerprints(); err != nil {
-		return nil, false, nil, err
+// Claim implements [inbox.Store]: BEGIN, then the claim as the
+// transaction's first statement. The claim is a prepared statement, so after
+// the first use on a connection it costs one round trip on every driver.
+//
+// For a duplicate with a fingerprint it reads the original's in the claim's
+// transaction, which by then sees the committed row the claim found (a
+// statement later, under READ COMMITTED; in the same snapshot under
+// REPEATABLE READ, where the claim sees only rows it can read), then rolls
+// back.
+func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.Tx, []byte, error) {
+	if fingerprint != nil {
+		if err := s.CheckFingerprints(); err != nil {
+			return nil, nil, err
+		}
 	}
 	stmt, err := s.claimStmt(ctx)
 	if err != nil {
-		return nil, false, nil, err
+		return nil, nil, err
 	}
 	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
-		return nil, false, nil, s.dialect.classify(err)
+		return nil, nil, s.dialect.classify(err)
 	}
 	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID, fingerprint)
 	if err == nil && claimed {
-		return tx, true, nil, nil
+		return inbox.SQLTx{Tx: tx}, nil, nil
 	}
 	var stored []byte
 	if err == nil && fingerprint != nil {
@@ -245,12 +231,12 @@ func (s *Store) ClaimWithFingerprint(ctx context.Context, opts *sql.TxOptions, c
 	}
 	_ = tx.Rollback()
 	if err != nil {
-		return nil, false, nil, err
+		return nil, nil, err
 	}
-	return nil, false, stored, nil
+	return nil, stored, nil
 }
 
-// CheckFingerprints implements inbox.FingerprintStore: it fails unless
+// CheckFingerprints implements [inbox.FingerprintChecker]: it fails unless
 // Config.Fingerprints is set.
 func (s *Store) CheckFingerprints() error {
 	if !s.config.Fingerprints {
@@ -385,4 +371,37 @@ func nullBytes(b []byte) any {
 		return nil
 	}
 	return b
+}
+
+// claimed reads the claim's affected rows: 1 for a new claim, 0 for a
+// duplicate, anything else for a table that is not an inbox.
+func (s *Store) claimed(n int64) (bool, error) {
+	switch n {
+	case 0:
+		return false, nil
+	case 1:
+		return true, nil
+	}
+	return false, fmt.Errorf("sqlinbox: claim affected %d rows, want 0 or 1; is %s really the inbox table?", n, s.table)
+}
+
+// ClaimSQL returns the table's claim for a store that sends it through
+// another driver (pgxinbox.Store). It is for this module's stores only:
+// its type is internal and may change in any release.
+func (s *Store) ClaimSQL() claimsql.Claim {
+	var verify func(ctx context.Context) error
+	if s.q.verify != nil {
+		verify = func(ctx context.Context) error { return s.q.verify(ctx, s.db, s.q) }
+	}
+	return claimsql.Claim{
+		Before:       s.q.beforeClaim,
+		CheckBefore:  s.q.checkBeforeClaim,
+		Insert:       s.q.claim,
+		Fingerprints: s.config.Fingerprints,
+		Claimed:      s.claimed,
+		After:        s.q.afterClaim,
+		Fingerprint:  s.q.fingerprint,
+		Classify:     s.dialect.classify,
+		Verify:       verify,
+	}
 }

@@ -91,7 +91,7 @@ func run(brokerList, dsn string, orders int) error {
 		return err
 	}
 	billingRouter, err := billing.router("billing", addrs, ordersTopic, invoicesTopic, "billing",
-		func(tx *sql.Tx) (message.Publisher, error) { return outboxPublisher(tx, t.name("outbox_billing")) },
+		outboxPublisher(t.name("outbox_billing")),
 		func(ctx context.Context, tx *sql.Tx, msg *message.Message) ([]*message.Message, error) {
 			orderID, _, _ := inbox.EventIDFromContext(ctx)
 			if _, err := tx.ExecContext(ctx, `INSERT INTO `+t.name("invoices")+` (order_event_id) VALUES ($1)`, orderID); err != nil {
@@ -141,7 +141,7 @@ func run(brokerList, dsn string, orders int) error {
 			_ = tx.Rollback()
 			return err
 		}
-		pub, err := outboxPublisher(tx, t.name("outbox_orders"))
+		pub, err := outboxPublisherIn(tx, t.name("outbox_orders"))
 		if err == nil {
 			err = pub.Publish(ordersTopic, msg)
 		}
@@ -175,7 +175,7 @@ func run(brokerList, dsn string, orders int) error {
 		return err
 	}
 	replayRouter, err := replay.router("billing", addrs, ordersTopic, invoicesTopic, "billing-replay",
-		func(tx *sql.Tx) (message.Publisher, error) { return outboxPublisher(tx, t.name("outbox_billing")) },
+		outboxPublisher(t.name("outbox_billing")),
 		func(ctx context.Context, tx *sql.Tx, msg *message.Message) ([]*message.Message, error) {
 			return nil, errors.New("a replayed order reached the handler")
 		})
@@ -192,10 +192,20 @@ func run(brokerList, dsn string, orders int) error {
 	return t.check(ctx, orders)
 }
 
-// outboxPublisher writes to the outbox in tx. The forwarder envelope records
-// the destination topic; the relay unwraps it and keeps the message UUID.
-// AutoInitializeSchema stays false: watermill-sql refuses it in a transaction.
-func outboxPublisher(tx *sql.Tx, outboxTopic string) (message.Publisher, error) {
+// outboxPublisher returns the inbox's ProducedPublisher: it writes to the
+// outbox in the inbox transaction of the handler's context. The forwarder
+// envelope records the destination topic; the relay unwraps it and keeps
+// the message UUID. AutoInitializeSchema stays false: watermill-sql refuses
+// it in a transaction.
+func outboxPublisher(outboxTopic string) func(ctx context.Context) (message.Publisher, error) {
+	return func(ctx context.Context) (message.Publisher, error) {
+		tx, _ := inbox.TxFromContext(ctx)
+		return outboxPublisherIn(tx, outboxTopic)
+	}
+}
+
+// outboxPublisherIn writes to the outbox in tx.
+func outboxPublisherIn(tx *sql.Tx, outboxTopic string) (message.Publisher, error) {
 	pub, err := wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nop)
 	if err != nil {
 		return nil, err
@@ -219,7 +229,7 @@ func newConsumer(db *sql.DB, inboxTable string, crashEvery int64) (*consumer, er
 type handlerFunc func(ctx context.Context, tx *sql.Tx, msg *message.Message) ([]*message.Message, error)
 
 func (c *consumer) router(name string, addrs []string, topic, publishTopic, group string,
-	producedPublisher func(*sql.Tx) (message.Publisher, error), h handlerFunc,
+	producedPublisher func(context.Context) (message.Publisher, error), h handlerFunc,
 ) (*message.Router, error) {
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:               addrs,

@@ -54,19 +54,18 @@ type Target struct {
 	// partitions, whose claims take another path). Defaults to none.
 	Partitioning sqlinbox.Partitioning
 
-	// Native, when set, runs the suite through the target's own middleware
-	// instead of inbox.NewMiddleware over a *sqlinbox.Store. Tables are still
-	// created and inspected through Open.
+	// Native, when set, runs the suite on the target's own store instead of
+	// a *sqlinbox.Store on Open. Tables are still created and inspected
+	// through Open.
 	Native *Native
 }
 
-// Native is a middleware whose transaction is not a *sql.Tx (native pgx).
+// Native is a store whose transaction is not a *sql.Tx (native pgx).
 type Native struct {
-	// Middleware builds the middleware for the inbox table described by sc,
-	// with every field of cfg but Store, on a connection pool of its own
-	// that the test's end, or closePool, closes. err is the middleware
-	// constructor's.
-	Middleware func(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (mw message.HandlerMiddleware, closePool func(), err error)
+	// Store opens a store of the inbox table described by sc on a
+	// connection pool of its own, which the test's end, or closePool,
+	// closes. err is the store constructor's.
+	Store func(t testing.TB, sc sqlinbox.Config) (store inbox.Store, closePool func(), err error)
 	// Exec runs a statement in the inbox transaction of the message whose
 	// context is ctx.
 	Exec func(ctx context.Context, query string, args ...any) error
@@ -159,13 +158,14 @@ func setup(t *testing.T, target Target, mutate ...func(*sqlinbox.Config)) *bundl
 
 func (b *bundle) middleware(t testing.TB, cfg inbox.Config) message.HandlerMiddleware {
 	t.Helper()
-	if b.target.Native != nil {
-		mw, _, err := b.target.Native.Middleware(t, b.config, cfg)
-		require.NoError(t, err)
-		return mw
-	}
 	if cfg.Store == nil {
-		cfg.Store = b.store
+		if b.target.Native != nil {
+			store, _, err := b.target.Native.Store(t, b.config)
+			require.NoError(t, err)
+			cfg.Store = store
+		} else {
+			cfg.Store = b.store
+		}
 	}
 	mw, err := inbox.NewMiddleware(cfg)
 	require.NoError(t, err)
@@ -177,8 +177,12 @@ func (b *bundle) middleware(t testing.TB, cfg inbox.Config) message.HandlerMiddl
 func (b *bundle) middlewareOn(t testing.TB, sc sqlinbox.Config, cfg inbox.Config) (message.HandlerMiddleware, error) {
 	t.Helper()
 	if b.target.Native != nil {
-		mw, _, err := b.target.Native.Middleware(t, sc, cfg)
-		return mw, err
+		store, _, err := b.target.Native.Store(t, sc)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Store = store
+		return inbox.NewMiddleware(cfg)
 	}
 	store, err := sqlinbox.New(b.db, sc)
 	require.NoError(t, err)
@@ -192,9 +196,10 @@ func (b *bundle) middlewareOn(t testing.TB, sc sqlinbox.Config, cfg inbox.Config
 func (b *bundle) freshMiddleware(t testing.TB, cfg inbox.Config) (mw message.HandlerMiddleware, closePool func()) {
 	t.Helper()
 	if b.target.Native != nil {
-		mw, closePool, err := b.target.Native.Middleware(t, b.config, cfg)
+		store, closePool, err := b.target.Native.Store(t, b.config)
 		require.NoError(t, err)
-		return mw, closePool
+		cfg.Store = store
+		return b.middleware(t, cfg), closePool
 	}
 	db := b.target.Open(t)
 	store, err := sqlinbox.New(db, b.config)

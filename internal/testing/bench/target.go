@@ -231,11 +231,11 @@ func (c *pgxConn) Bare(effects string) message.HandlerFunc {
 }
 
 func (c *pgxConn) Inbox(sc sqlinbox.Config, effects string) (message.HandlerFunc, error) {
-	store, err := sqlinbox.NewPgx(c.pool, sc)
+	store, err := pgxinbox.NewStore(c.pool, sc)
 	if err != nil {
 		return nil, err
 	}
-	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store, Consumer: Consumer})
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: Consumer})
 	if err != nil {
 		return nil, err
 	}

@@ -116,7 +116,13 @@ func (s *Service) Run(t testing.TB, sub message.Subscriber, topic string, rc Run
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
 	require.NoError(t, err)
-	config := inbox.Config{Store: s.Store, ProducedPublisher: rc.ProducedPublisher, Observer: s}
+	config := inbox.Config{Store: s.Store, Observer: s}
+	if pp := rc.ProducedPublisher; pp != nil {
+		config.ProducedPublisher = func(ctx context.Context) (message.Publisher, error) {
+			tx, _ := inbox.TxFromContext(ctx)
+			return pp(tx)
+		}
+	}
 	if rc.Inbox != nil {
 		rc.Inbox(&config)
 	}

@@ -186,7 +186,8 @@ func Example_producedPublisherWatermillSQLv3() {
 
 	mw, err := inbox.NewMiddleware(inbox.Config{
 		Store: store,
-		ProducedPublisher: func(tx *stdsql.Tx) (message.Publisher, error) {
+		ProducedPublisher: func(ctx context.Context) (message.Publisher, error) {
+			tx, _ := inbox.TxFromContext(ctx)
 			return wsqlv3.NewPublisher(tx, wsqlv3.PublisherConfig{SchemaAdapter: wsqlv3.DefaultPostgreSQLSchema{}}, nil)
 		},
 	})

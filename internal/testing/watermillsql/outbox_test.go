@@ -28,11 +28,11 @@ func TestOutboxThroughTxFromPgx(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	table := testdb.Name("inbox")
-	store, err := sqlinbox.NewPgx(pool, sqlinbox.Config{Table: table})
+	store, err := pgxinbox.NewStore(pool, sqlinbox.Config{Table: table})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchema(ctx))
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store, Consumer: "c"})
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 	require.NoError(t, err)
 
 	topic := testdb.Name("out")

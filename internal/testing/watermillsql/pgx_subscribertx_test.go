@@ -25,9 +25,9 @@ func pgxRig(t *testing.T) (*wsqltest.Rig, *pgxpool.Pool, message.HandlerMiddlewa
 	pool, err := pgxpool.New(context.Background(), r.DSN)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	store, err := sqlinbox.NewPgx(pool, sqlinbox.Config{Table: r.Inbox})
+	store, err := pgxinbox.NewStore(pool, sqlinbox.Config{Table: r.Inbox})
 	require.NoError(t, err)
-	mw, err := pgxinbox.NewMiddleware(pgxinbox.Config{Store: store})
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
 	require.NoError(t, err)
 	return r, pool, mw
 }
@@ -72,15 +72,16 @@ func TestPgxSubscriberTxStandIn(t *testing.T) {
 	require.Equal(t, wsqltest.Exactly(5), r.Outcome(t))
 }
 
-// A database/sql transaction cannot stand in for a pgx one: the message is
-// refused before any SQL, with an error that says what to do.
+// A pgx transaction cannot stand in for a database/sql one: the claim is
+// rolled back and the message refused before the handler runs, with an
+// error that says what to do.
 func TestPgxSubscriberTxRefused(t *testing.T) {
 	t.Parallel()
 	r, _, mw := pgxRig(t)
 	r.PublishCopies(t, 1, 1)
 	got, calls := wsqltest.FirstResult(t, r.Subscriber(t), r.Topic, mw)
 	require.ErrorIs(t, got, inbox.ErrSubscriberTx)
-	require.ErrorContains(t, got, "inbox.NewMiddleware")
+	require.ErrorContains(t, got, "sqlinbox store")
 	require.Zero(t, calls, "the handler did not run")
 	require.Equal(t, wsqltest.Outcome{}, r.Outcome(t))
 }

@@ -184,7 +184,7 @@ func TestSubscriberTxRefused(t *testing.T) {
 
 	got, calls := wsqltest.FirstResult(t, sub, r.Topic, middlewareFor(t, r))
 	require.ErrorIs(t, got, inbox.ErrSubscriberTx)
-	require.ErrorContains(t, got, "pgxinbox.NewMiddleware")
+	require.ErrorContains(t, got, "pgxinbox store")
 	require.Zero(t, calls, "the handler did not run")
 	require.Equal(t, wsqltest.Outcome{}, r.Outcome(t))
 	require.False(t, r.Drained(t), "the message was not acked")

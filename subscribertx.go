@@ -1,8 +1,7 @@
-package engine
+package inbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -30,9 +29,6 @@ import (
 // github.com/ThreeDotsLabs/watermill-sql/.../pkg/sql, holding a transaction.
 // Tests run real v3 and v4 subscribers, so that a change there fails a test.
 
-// ErrSubscriberTx is inbox.ErrSubscriberTx.
-var ErrSubscriberTx = errors.New("inbox: the message carries a subscriber's transaction this middleware cannot stand in for")
-
 // subscriberTxLike is what a stored value must offer to be taken for a
 // transaction: *sql.Tx, and watermill-sql v4's Tx wrappers, do.
 type subscriberTxLike interface {
@@ -50,22 +46,28 @@ var (
 // maxContexts bounds the walk up a context chain.
 const maxContexts = 1000
 
-// subscriberTx returns a function that puts the claim's transaction in the
-// place of the watermill-sql transaction in ctx, or nil when ctx carries
-// none. The error, wrapping ErrSubscriberTx, is for a transaction a T cannot
-// stand in for; it comes before any SQL, so the message is refused whole.
-func (e *Engine[T]) subscriberTx(ctx context.Context) (func(ctx context.Context, tx T) context.Context, error) {
+// subscriberTx is the watermill-sql transaction a message came with, if
+// any: the value stored under key in its context.
+type subscriberTx struct {
+	key, value any
+	found      bool
+}
+
+func lookupSubscriberTx(ctx context.Context) subscriberTx {
 	key, value, ok := findSubscriberTx(ctx, isWatermillSQLKey)
-	if !ok {
-		return nil, nil
-	}
-	wrap, err := standIn[T](value)
+	return subscriberTx{key: key, value: value, found: ok}
+}
+
+// standIn returns ctx with tx, the claim's transaction as the handler writes
+// through it (a *sql.Tx or a pgx.Tx), in the subscriber's transaction's
+// place. The error, wrapping ErrSubscriberTx, is for a transaction tx cannot
+// stand in for.
+func (st subscriberTx) standIn(ctx context.Context, tx any) (context.Context, error) {
+	v, err := standIn(st.value, tx)
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context, tx T) context.Context {
-		return context.WithValue(ctx, key, wrap(tx))
-	}, nil
+	return context.WithValue(ctx, st.key, v), nil
 }
 
 // isWatermillSQLKey recognises the type of watermill-sql's context keys.
@@ -198,14 +200,14 @@ func (p *contextPlan) add(t reflect.Type, prefix []int) {
 	}
 }
 
-// standIn returns how a transaction of type T takes the place of
-// value: as it is when it has value's type (v3's *sql.Tx), else in a copy of
-// value's wrapper with its exported Tx field replaced (v4's *sql.StdSQLTx
-// around a *sql.Tx, *sql.PgxTx around a pgx.Tx).
-func standIn[T any](value any) (func(tx T) any, error) {
-	txType, vt := reflect.TypeFor[T](), reflect.TypeOf(value)
+// standIn returns what takes value's place for the handler: tx as it is
+// when it has value's type (v3's *sql.Tx), else a copy of value's wrapper
+// with its exported Tx field replaced (v4's *sql.StdSQLTx around a *sql.Tx,
+// *sql.PgxTx around a pgx.Tx).
+func standIn(value, tx any) (any, error) {
+	txType, vt := reflect.TypeOf(tx), reflect.TypeOf(value)
 	if txType.AssignableTo(vt) {
-		return func(tx T) any { return tx }, nil
+		return tx, nil
 	}
 	st, ptr := vt, vt.Kind() == reflect.Pointer
 	if ptr {
@@ -213,19 +215,16 @@ func standIn[T any](value any) (func(tx T) any, error) {
 	}
 	if st.Kind() == reflect.Struct {
 		if f, ok := st.FieldByName("Tx"); ok && f.IsExported() && txType.AssignableTo(f.Type) {
-			orig := reflect.Indirect(reflect.ValueOf(value))
-			return func(tx T) any {
-				w := reflect.New(st)
-				w.Elem().Set(orig)
-				w.Elem().FieldByIndex(f.Index).Set(reflect.ValueOf(&tx).Elem())
-				if !ptr {
-					return w.Elem().Interface()
-				}
-				return w.Interface()
-			}, nil
+			w := reflect.New(st)
+			w.Elem().Set(reflect.Indirect(reflect.ValueOf(value)))
+			w.Elem().FieldByIndex(f.Index).Set(reflect.ValueOf(tx))
+			if !ptr {
+				return w.Elem().Interface(), nil
+			}
+			return w.Interface(), nil
 		}
 	}
-	return nil, fmt.Errorf("%w: the message comes with a transaction of type %s (watermill-sql's sql.TxFromContext returns it), and this middleware's transaction, a %s, cannot take its place for the handler; "+
-		"give the subscriber a database/sql connection for inbox.NewMiddleware (watermill-sql v4: sql.BeginnerFromStdSQL), or a pgx one for pgxinbox.NewMiddleware (sql.BeginnerFromPgx)",
+	return nil, fmt.Errorf("%w: the message comes with a transaction of type %s (watermill-sql's sql.TxFromContext returns it), and the inbox store's transaction, a %s, cannot take its place for the handler; "+
+		"give the subscriber a database/sql connection for a sqlinbox store (watermill-sql v4: sql.BeginnerFromStdSQL), or a pgx one for a pgxinbox store (sql.BeginnerFromPgx)",
 		ErrSubscriberTx, vt, txType)
 }

@@ -1,4 +1,4 @@
-package engine
+package inbox
 
 import (
 	"context"
@@ -95,32 +95,33 @@ func TestStandIn(t *testing.T) {
 	t.Parallel()
 	mine := &fakeTx{id: 9}
 
-	direct, err := standIn[*fakeTx](&fakeTx{id: 1})
+	direct, err := standIn(&fakeTx{id: 1}, mine)
 	require.NoError(t, err)
-	require.Same(t, mine, direct(mine))
+	require.Same(t, mine, direct)
 
 	orig := &wrapper{Tx: &fakeTx{id: 1}, extra: "kept"}
-	ptr, err := standIn[*fakeTx](orig)
+	ptr, err := standIn(orig, mine)
 	require.NoError(t, err)
-	got := ptr(mine).(*wrapper)
+	got := ptr.(*wrapper)
 	require.Same(t, mine, got.Tx)
 	require.Equal(t, "kept", got.extra)
 	require.NotSame(t, orig, got, "the subscriber's wrapper is left alone")
 	require.Equal(t, 1, orig.Tx.id)
 
-	val, err := standIn[*fakeTx](wrapper{Tx: &fakeTx{id: 1}})
+	val, err := standIn(wrapper{Tx: &fakeTx{id: 1}}, mine)
 	require.NoError(t, err)
-	require.Same(t, mine, val(mine).(wrapper).Tx)
+	require.Same(t, mine, val.(wrapper).Tx)
 
-	// An interface type, as pgx.Tx, fits a field of that type.
+	// A concrete transaction fits a field of an interface type it
+	// implements, as pgx's does pgx.Tx.
 	type txIface interface{ Commit() error }
 	type ifaceWrapper struct{ Tx txIface }
-	iw, err := standIn[txIface](&ifaceWrapper{})
+	iw, err := standIn(&ifaceWrapper{}, mine)
 	require.NoError(t, err)
-	require.Same(t, mine, iw(mine).(*ifaceWrapper).Tx)
+	require.Same(t, mine, iw.(*ifaceWrapper).Tx)
 
 	for _, v := range []any{other{}, &wrapper{}} {
-		_, err = standIn[*custom](v)
+		_, err = standIn(v, custom{})
 		require.True(t, errors.Is(err, ErrSubscriberTx), "%T: %v", v, err)
 	}
 }
@@ -146,7 +147,7 @@ type routerKey string
 // publish topic): a full walk up the context for a message that carries none,
 // a cached key's lookup for one that does.
 //
-//	go test -run '^$' -bench BenchmarkSubscriberTx -count 5 ./internal/engine/
+//	go test -run '^$' -bench BenchmarkSubscriberTx -count 5 .
 func BenchmarkSubscriberTx(b *testing.B) {
 	plain := routerContext(b, func(ctx context.Context) context.Context {
 		return context.WithValue(context.WithValue(ctx, routerKey("partition"), 3), routerKey("offset"), 42)

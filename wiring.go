@@ -1,4 +1,4 @@
-package engine
+package inbox
 
 import (
 	"fmt"
@@ -14,14 +14,14 @@ const poisonReasonKey = "reason_poisoned"
 
 // checkWiring refuses, before any SQL, a message the middleware would handle
 // wrongly because of how it is wired.
-func (e *Engine[T]) checkWiring(msg *message.Message, consumer string) error {
+func (e *engine) checkWiring(msg *message.Message, consumer string) error {
 	// The same message already inside a session: the middleware wraps
 	// itself. The inner claim would wait forever on the outer one's row
 	// lock, or, under another consumer name, commit apart from it.
-	if outer := SessionFrom(msg.Context()); outer != nil && outer.msg == msg {
-		return fmt.Errorf("%w: the message is already inside an inbox transaction (consumer %q): the inbox middleware is applied twice, for example with router.AddMiddleware and inbox.Handler; keep one", ErrMiswired, outer.Consumer)
+	if outer := sessionFrom(msg.Context()); outer != nil && outer.msg == msg {
+		return fmt.Errorf("%w: the message is already inside an inbox transaction (consumer %q): the inbox middleware is applied twice, for example with router.AddMiddleware and inbox.Handler; keep one", ErrMiswired, outer.consumer)
 	}
-	if e.Consumer == "" || e.ShareConsumer {
+	if e.config.Consumer == "" || e.config.ShareConsumer {
 		return nil
 	}
 	name := message.HandlerNameFromCtx(msg.Context())
@@ -44,7 +44,7 @@ func (e *Engine[T]) checkWiring(msg *message.Message, consumer string) error {
 // middlewares inside the inbox that repeated or swallowed a handler call;
 // stop means the transaction must not commit, and err is the message's
 // result.
-func (e *Engine[T]) checkHandlerCall(s *Session, msg *message.Message, poisonedBefore string) (stop bool, err error) {
+func (e *engine) checkHandlerCall(s *session, msg *message.Message, poisonedBefore string) (stop bool, err error) {
 	if n := s.calls.Load(); n > 1 {
 		return true, errCalledTwice(s, n)
 	}
@@ -53,16 +53,16 @@ func (e *Engine[T]) checkHandlerCall(s *Session, msg *message.Message, poisonedB
 	// claim, and the event could never be replayed from the poison queue.
 	// Rolling back instead is what PoisonQueue outside the inbox does.
 	if reason := msg.Metadata.Get(poisonReasonKey); reason != "" && reason != poisonedBefore {
-		e.Logger.Error("Inbox: a PoisonQueue middleware inside the inbox took this message; its transaction is rolled back instead of committed, and the message is acked. Put PoisonQueue outside the inbox: wrap the handler with inbox.Handler, or add the inbox last", ErrMiswired, watermill.LogFields{
-			"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": msg.UUID, "reason_poisoned": reason,
+		e.config.Logger.Error("Inbox: a PoisonQueue middleware inside the inbox took this message; its transaction is rolled back instead of committed, and the message is acked. Put PoisonQueue outside the inbox: wrap the handler with inbox.Handler, or add the inbox last", ErrMiswired, watermill.LogFields{
+			"consumer": s.consumer, "event_id": s.eventID, "message_uuid": msg.UUID, "reason_poisoned": reason,
 		})
 		return true, nil
 	}
 	return false, nil
 }
 
-func errCalledTwice(s *Session, n int32) error {
-	return fmt.Errorf("%w: the handler was called %d times in one inbox transaction (consumer %q, event %s): a middleware between the inbox and the handler repeats calls (Retry, Duplicator); those writes would all commit together", ErrMiswired, n, s.Consumer, Quote(s.EventID))
+func errCalledTwice(s *session, n int32) error {
+	return fmt.Errorf("%w: the handler was called %d times in one inbox transaction (consumer %q, event %s): a middleware between the inbox and the handler repeats calls (Retry, Duplicator); those writes would all commit together", ErrMiswired, n, s.consumer, quote(s.eventID))
 }
 
 type txUse int
@@ -77,7 +77,7 @@ const (
 // consumer that took the transaction for an earlier message is not
 // reported, so that a handler which skips events it does not care about is
 // not taken for a miswired one.
-func (e *Engine[T]) reportUnusedTx(s *Session, msg *message.Message) {
+func (e *engine) reportUnusedTx(s *session, msg *message.Message) {
 	if s.txNotNeeded.Load() {
 		return
 	}
@@ -85,7 +85,7 @@ func (e *Engine[T]) reportUnusedTx(s *Session, msg *message.Message) {
 	// cost an allocation per message.
 	taken := s.txTaken.Load()
 	e.txUseMu.RLock()
-	use := e.txUse[s.Consumer]
+	use := e.txUse[s.consumer]
 	e.txUseMu.RUnlock()
 	if use == txUsed || (use == txUnusedReported && !taken) {
 		return
@@ -96,28 +96,28 @@ func (e *Engine[T]) reportUnusedTx(s *Session, msg *message.Message) {
 		e.txUse = map[string]txUse{}
 	}
 	if taken {
-		e.txUse[s.Consumer] = txUsed
+		e.txUse[s.consumer] = txUsed
 		return
 	}
-	if e.txUse[s.Consumer] != 0 {
+	if e.txUse[s.consumer] != 0 {
 		return
 	}
-	e.txUse[s.Consumer] = txUnusedReported
-	e.Logger.Error("Inbox: the handler succeeded without taking the inbox transaction, so none of its SQL writes commit with the claim: after a crash its redelivery is acked as a duplicate and a write made elsewhere is lost or doubled. Write through inbox.TxFromContext(msg.Context()) (pgxinbox.TxFromContext with pgx), not through the *sql.DB or another transaction; if the handler deliberately writes nothing in SQL, call inbox.TxNotNeeded(msg.Context()) in it. Logged once per consumer", ErrMiswired, watermill.LogFields{
-		"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": msg.UUID,
+	e.txUse[s.consumer] = txUnusedReported
+	e.config.Logger.Error("Inbox: the handler succeeded without taking the inbox transaction, so none of its SQL writes commit with the claim: after a crash its redelivery is acked as a duplicate and a write made elsewhere is lost or doubled. Write through inbox.TxFromContext(msg.Context()) (pgxinbox.TxFromContext on a native pgx store), not through the *sql.DB or another transaction; if the handler deliberately writes nothing in SQL, call inbox.TxNotNeeded(msg.Context()) in it. Logged once per consumer", ErrMiswired, watermill.LogFields{
+		"consumer": s.consumer, "event_id": s.eventID, "message_uuid": msg.UUID,
 	})
 }
 
-// MarkTxTaken records that the handler took the session's transaction.
-func (s *Session) MarkTxTaken() { s.txTaken.Store(true) }
+// markTxTaken records that the handler took the session's transaction.
+func (s *session) markTxTaken() { s.txTaken.Store(true) }
 
-// MarkTxNotNeeded records that the handler deliberately writes nothing in
+// markTxNotNeeded records that the handler deliberately writes nothing in
 // SQL.
-func (s *Session) MarkTxNotNeeded() { s.txNotNeeded.Store(true) }
+func (s *session) markTxNotNeeded() { s.txNotNeeded.Store(true) }
 
-// EnterHandler counts a handler call through inbox.Handler and refuses the
+// enterHandler counts a handler call through inbox.Handler and refuses the
 // second one within the session.
-func (s *Session) EnterHandler() error {
+func (s *session) enterHandler() error {
 	if n := s.calls.Add(1); n > 1 {
 		return errCalledTwice(s, n)
 	}

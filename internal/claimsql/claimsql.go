@@ -1,0 +1,32 @@
+// Package claimsql hands a store on another driver (pgxinbox, on native pgx)
+// the claim of a sqlinbox table: its statements, in the order they run in the
+// claim's transaction, and how to read their results. The SQL text is
+// written once, in sqlinbox, and sent as it is by every driver.
+package claimsql
+
+import "context"
+
+// Claim is the claim of one inbox table.
+type Claim struct {
+	// Before, when not empty, runs first, with the consumer and the event
+	// id, and returns one text value that CheckBefore judges (a partitioned
+	// table's lock on the event's key).
+	Before      string
+	CheckBefore func(result string) error
+	// Insert inserts the claim with the consumer, the event id and, when
+	// Fingerprints is set, the fingerprint (nil: NULL). It affects one row
+	// for a new claim and none for a duplicate; Claimed reads the count.
+	Insert       string
+	Fingerprints bool
+	Claimed      func(rowsAffected int64) (bool, error)
+	// After, when not empty, runs after a new claim, before the handler.
+	After string
+	// Fingerprint reads the fingerprint stored with (consumer, event id).
+	Fingerprint string
+	// Classify turns a driver error into one the middleware understands
+	// (lock timeouts wrap inbox.ErrInFlight).
+	Classify func(error) error
+	// Verify checks, before the first claim, that the table is the one the
+	// configuration describes.
+	Verify func(ctx context.Context) error
+}

@@ -1,0 +1,243 @@
+package pgxinbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/claimsql"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// Store records inbox claims in PostgreSQL through a pgx connection pool,
+// without database/sql. Its claim sends BEGIN and the claim's INSERT to the
+// server together, in one round trip, where database/sql spends one on BEGIN
+// and one on the INSERT: behind the inbox a handler then makes exactly as
+// many round trips as without it. Give it to [inbox.NewMiddleware] as any
+// store; handlers take the transaction with [TxFromContext].
+//
+// Everything but the claim (CreateSchema, the purge) runs through
+// database/sql on connections of the same pool, with the SQL of a
+// [sqlinbox.Store] configured alike.
+type Store struct {
+	sql   *sqlinbox.Store
+	db    *sql.DB
+	pool  *pgxpool.Pool
+	claim claimsql.Claim
+
+	mu       sync.Mutex  // serialises the layout check
+	verified atomic.Bool // set by the first claim that succeeds
+}
+
+var (
+	_ inbox.Store              = (*Store)(nil)
+	_ inbox.EventIDChecker     = (*Store)(nil)
+	_ inbox.FingerprintChecker = (*Store)(nil)
+)
+
+// NewStore returns a Store for pool, configured as a [sqlinbox.Store]:
+// config.Dialect may be left empty (PostgreSQL is the only dialect pgx
+// speaks). Closing the store does not close the pool.
+func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgxinbox: invalid config: pool is nil")
+	}
+	if config.Dialect == nil {
+		config.Dialect = sqlinbox.PostgreSQL
+	}
+	if config.Dialect != sqlinbox.PostgreSQL {
+		return nil, fmt.Errorf("pgxinbox: invalid config: pgx speaks PostgreSQL, not %s", config.Dialect)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	s, err := sqlinbox.New(db, config)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return &Store{sql: s, db: db, pool: pool, claim: s.ClaimSQL()}, nil
+}
+
+// Pool returns the pool the store claims on.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Table returns the inbox table's name as configured.
+func (s *Store) Table() string { return s.sql.Table() }
+
+// CreateSchema is [sqlinbox.Store.CreateSchema].
+func (s *Store) CreateSchema(ctx context.Context) error { return s.sql.CreateSchema(ctx) }
+
+// SchemaSQL is [sqlinbox.Store.SchemaSQL].
+func (s *Store) SchemaSQL() string { return s.sql.SchemaSQL() }
+
+// AddFingerprintColumnSQL is [sqlinbox.Store.AddFingerprintColumnSQL].
+func (s *Store) AddFingerprintColumnSQL() string { return s.sql.AddFingerprintColumnSQL() }
+
+// OldestClaim is [sqlinbox.Store.OldestClaim].
+func (s *Store) OldestClaim(ctx context.Context) (time.Time, bool, error) {
+	return s.sql.OldestClaim(ctx)
+}
+
+// CheckEventID implements [inbox.EventIDChecker] as
+// [sqlinbox.Store.CheckEventID] does.
+func (s *Store) CheckEventID(id string) (string, error) { return s.sql.CheckEventID(id) }
+
+// CheckFingerprints implements [inbox.FingerprintChecker] as
+// [sqlinbox.Store.CheckFingerprints] does.
+func (s *Store) CheckFingerprints() error { return s.sql.CheckFingerprints() }
+
+// Close releases the database/sql handle the store uses besides the pool;
+// the pool stays open.
+func (s *Store) Close() error {
+	return errors.Join(s.sql.Close(), s.db.Close())
+}
+
+// Claim implements [inbox.Store] on a pooled connection, in one round trip:
+// BEGIN and the INSERT are pipelined, with the event's lock between them on
+// a partitioned table. For a duplicate or an error the transaction is
+// already rolled back and its connection back in the pool; for a duplicate
+// with a fingerprint, reading the original's costs one more round trip.
+func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.Tx, []byte, error) {
+	if fingerprint != nil {
+		if err := s.CheckFingerprints(); err != nil {
+			return nil, nil, err
+		}
+	}
+	txOpts, err := txOptions(opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !s.verified.Load() {
+		if err := s.verify(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
+	c := &s.claim
+	// BEGIN is part of the batch, never sent apart from it: a claim sent
+	// without BEGIN would commit on its own, and a failing handler would
+	// then leave the event marked as processed.
+	b := &pgx.Batch{}
+	b.BeginTx(txOpts)
+	if c.Before != "" {
+		b.Queue(c.Before, consumer, eventID)
+	}
+	if c.Fingerprints {
+		b.Queue(c.Insert, consumer, eventID, fingerprint)
+	} else {
+		b.Queue(c.Insert, consumer, eventID)
+	}
+	if c.After != "" {
+		b.Queue(c.After)
+	}
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	claimed, err := s.readClaim(br)
+	// Close before the transaction is used: the connection carries the
+	// batch until then. A failed statement has aborted the transaction,
+	// which only a rollback ends.
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = c.Classify(cerr)
+	}
+	if err == nil && !s.verified.Load() {
+		s.verified.Store(true)
+	}
+	if err == nil && claimed {
+		return tx, nil, nil
+	}
+	var stored []byte
+	if err == nil && fingerprint != nil {
+		// Under READ COMMITTED this statement sees the committed row the
+		// claim found; under REPEATABLE READ the claim saw only rows of
+		// its snapshot, which this one shares.
+		err = tx.QueryRow(ctx, c.Fingerprint, consumer, eventID).Scan(&stored)
+		if errors.Is(err, pgx.ErrNoRows) { // purged meanwhile
+			err = nil
+		}
+		if err != nil {
+			err = fmt.Errorf("pgxinbox: reading the fingerprint of a duplicate: %w", c.Classify(err))
+		}
+	}
+	// Rollback also hands the connection back to the pool; when BEGIN
+	// itself failed the transaction is already closed and this only
+	// releases the connection.
+	_ = tx.Rollback(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, nil, err
+	}
+	return nil, stored, nil
+}
+
+func (s *Store) readClaim(br pgx.BatchResults) (bool, error) {
+	c := &s.claim
+	if _, err := br.Exec(); err != nil { // BEGIN
+		return false, c.Classify(err)
+	}
+	if c.Before != "" {
+		var result string
+		if err := br.QueryRow().Scan(&result); err != nil {
+			return false, c.Classify(err)
+		}
+		// The claim already ran; failing here rolls it back.
+		if err := c.CheckBefore(result); err != nil {
+			return false, err
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return false, c.Classify(err)
+	}
+	if claimed, err := c.Claimed(tag.RowsAffected()); !claimed {
+		return false, err
+	}
+	if c.After != "" {
+		if _, err := br.Exec(); err != nil {
+			return false, c.Classify(err)
+		}
+	}
+	return true, nil
+}
+
+// verify runs the dialect's check of the table until a claim succeeds, so
+// that a store created before its table checks the table once it exists.
+func (s *Store) verify(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.verified.Load() || s.claim.Verify == nil {
+		return nil
+	}
+	return s.claim.Verify(ctx)
+}
+
+// txOptions maps database/sql transaction options ([inbox.Config].TxOptions)
+// to pgx's, as pgx's own database/sql driver does.
+func txOptions(opts *sql.TxOptions) (pgx.TxOptions, error) {
+	var o pgx.TxOptions
+	if opts == nil {
+		return o, nil
+	}
+	switch sql.IsolationLevel(opts.Isolation) {
+	case sql.LevelDefault:
+	case sql.LevelReadUncommitted:
+		o.IsoLevel = pgx.ReadUncommitted
+	case sql.LevelReadCommitted:
+		o.IsoLevel = pgx.ReadCommitted
+	case sql.LevelRepeatableRead, sql.LevelSnapshot:
+		o.IsoLevel = pgx.RepeatableRead
+	case sql.LevelSerializable:
+		o.IsoLevel = pgx.Serializable
+	default:
+		return o, fmt.Errorf("pgxinbox: PostgreSQL has no isolation level %s (inbox.Config.TxOptions)", opts.Isolation)
+	}
+	if opts.ReadOnly {
+		o.AccessMode = pgx.ReadOnly
+	}
+	return o, nil
+}

@@ -1,0 +1,57 @@
+package inbox
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// session is what the middleware puts in the message context for the
+// duration of one handler call.
+type session struct {
+	tx       Tx // the claim's transaction, as the store made it
+	consumer string
+	eventID  string
+
+	mu    sync.Mutex
+	hooks []func(context.Context) error
+	ended bool
+
+	msg         *message.Message // the message the session was opened for
+	txTaken     atomic.Bool      // the handler asked for Tx
+	txNotNeeded atomic.Bool      // the handler declared it writes nothing in SQL
+	calls       atomic.Int32     // handler calls through inbox.Handler
+}
+
+type sessionKey struct{}
+
+// sessionFrom returns the session of the message whose context is ctx, or
+// nil outside an inbox transaction.
+func sessionFrom(ctx context.Context) *session {
+	s, _ := ctx.Value(sessionKey{}).(*session)
+	return s
+}
+
+// afterCommit registers fn to run after the session's commit. Once the
+// transaction has ended it returns ErrTxEnded: fn would never run.
+func (s *session) afterCommit(fn func(context.Context) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return ErrTxEnded
+	}
+	s.hooks = append(s.hooks, fn)
+	return nil
+}
+
+// end closes the session to new hooks and returns those registered.
+func (s *session) end() []func(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = true
+	hooks := s.hooks
+	s.hooks = nil
+	return hooks
+}
