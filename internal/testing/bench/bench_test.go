@@ -84,7 +84,7 @@ func sequence(ids []string) bench.Messages {
 // behind the inbox, and duplicates through the inbox. Run with -benchmem;
 // roundtrips/op is counted on the wire.
 //
-//	go test -run '^$' -bench Handler -benchmem ./internal/bench/
+//	go test -run '^$' -bench Handler -benchmem ./bench/  (from internal/testing)
 func BenchmarkHandler(b *testing.B) {
 	for _, d := range bench.Drivers {
 		b.Run(d.Name, func(b *testing.B) {
