@@ -61,7 +61,7 @@ func TestPartitionedDuplicateAcrossPartitions(t *testing.T) {
 	t.Parallel()
 	f := setup(t, sqlinbox.Config{Partitioning: sqlinbox.Daily})
 	ctx := context.Background()
-	sess, ok, err := f.sqlStore(t).BeginPurge(ctx)
+	sess, ok, err := f.store.Maintenance().BeginPurge(ctx)
 	require.NoError(t, err)
 	require.True(t, ok)
 	created, _, err := sess.CreatePartitions(ctx, 0, time.Second)
@@ -205,13 +205,4 @@ func TestPartitionedLockIgnoresTableSpelling(t *testing.T) {
 		require.Equal(t, 1, n, "effects of %s", id)
 	}
 	f.noOpenTransactions(t)
-}
-
-// sqlStore is a database/sql store of the fixture's table, for what the
-// native store leaves to database/sql (creating partitions).
-func (f *fixture) sqlStore(t *testing.T) *sqlinbox.Store {
-	t.Helper()
-	s, err := sqlinbox.New(testdb.Postgres(t, "pgx"), f.config)
-	require.NoError(t, err)
-	return s
 }

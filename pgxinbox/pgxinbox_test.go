@@ -21,9 +21,8 @@ import (
 
 // fixture is a pgxinbox.Store on a fresh inbox table, with its own pool.
 type fixture struct {
-	store  *pgxinbox.Store
-	config sqlinbox.Config
-	mw     message.HandlerMiddleware
+	store *pgxinbox.Store
+	mw    message.HandlerMiddleware
 }
 
 func setup(t *testing.T, sc sqlinbox.Config) *fixture {
@@ -34,8 +33,7 @@ func setup(t *testing.T, sc sqlinbox.Config) *fixture {
 	t.Cleanup(func() { _, _ = store.Pool().Exec(context.Background(), "DROP TABLE IF EXISTS "+sc.Table) })
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 	require.NoError(t, err)
-	sc.Dialect = sqlinbox.PostgreSQL
-	return &fixture{store: store, config: sc, mw: mw}
+	return &fixture{store: store, mw: mw}
 }
 
 func (f *fixture) claims(t *testing.T, eventID string) int {

@@ -15,6 +15,7 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/claimsql"
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -80,6 +81,11 @@ func (s *Store) SchemaSQL() string { return s.sql.SchemaSQL() }
 
 // AddFingerprintColumnSQL is [sqlinbox.Store.AddFingerprintColumnSQL].
 func (s *Store) AddFingerprintColumnSQL() string { return s.sql.AddFingerprintColumnSQL() }
+
+// Maintenance is [sqlinbox.Store.Maintenance], for package purge and the
+// inbox command; its type is internal to this module and may change in any
+// release.
+func (s *Store) Maintenance() maintenance.Store { return s.sql.Maintenance() }
 
 // OldestClaim is [sqlinbox.Store.OldestClaim].
 func (s *Store) OldestClaim(ctx context.Context) (time.Time, bool, error) {

@@ -91,7 +91,7 @@ func BenchmarkDropMonthPartition(b *testing.B) {
 SELECT 'billing', 'ev-' || g, $1::timestamptz + (g %% 2500000) * interval '1 second' FROM generate_series(1, $2::int) g`, bb.table), month, benchRows)
 		require.NoError(b, err)
 
-		sess, ok, err := bb.store.BeginPurge(context.Background())
+		sess, ok, err := bb.store.Maintenance().BeginPurge(context.Background())
 		require.NoError(b, err)
 		require.True(b, ok)
 		expired, err := sess.ExpiredPartitions(context.Background(), 7*day)

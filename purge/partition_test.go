@@ -18,7 +18,7 @@ var postgres = targets()[0]
 
 func partitions(t *testing.T, store *sqlinbox.Store) []string {
 	t.Helper()
-	sess, ok, err := store.BeginPurge(context.Background())
+	sess, ok, err := store.Maintenance().BeginPurge(context.Background())
 	require.NoError(t, err)
 	require.True(t, ok)
 	defer sess.Close() //nolint:errcheck // read only

@@ -31,7 +31,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/watermill-inbox/inbox/sqlinbox"
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
 // Defaults of Config.
@@ -70,6 +70,13 @@ const (
 // cmd/inbox-purge treat it as success.
 var ErrSkipped = errors.New("purge: another purge of this table is running; skipped")
 
+// Store is an inbox store the purge can maintain: a *sqlinbox.Store or a
+// *pgxinbox.Store. Its method returns a type internal to this module, so
+// only the library's stores implement it.
+type Store interface {
+	Maintenance() maintenance.Store
+}
+
 // Config configures New.
 type Config struct {
 	// Retention is how long a row is kept after its message was processed.
@@ -100,10 +107,10 @@ type Config struct {
 
 	// StatementTimeout bounds each DELETE; after a timeout the batch is
 	// halved (down to MinBatchSize) and grows back slowly. New refuses one
-	// longer than the database takes (sqlinbox.Store.PurgeLimits:
-	// 2,147,483,647 ms on PostgreSQL, a year on MariaDB; SQLite has no
-	// statement timeout and ignores it). Defaults to
-	// DefaultStatementTimeout.
+	// longer than the database takes: 2,147,483,647 ms on PostgreSQL, a
+	// year on MariaDB (MySQL 8 and SQLite have no statement timeout for a
+	// DELETE and ignore it; on SQLite a batch waits for the write lock as
+	// long as the DSN's busy_timeout). Defaults to DefaultStatementTimeout.
 	StatementTimeout time.Duration
 
 	// BatchPause is the longest pause between batches. Defaults to
@@ -165,15 +172,15 @@ func (c *Config) setDefaults() {
 	}
 }
 
-func (c Config) validate(store *sqlinbox.Store) error {
+func (c Config) validate(store maintenance.Store) error {
 	if c.Retention == 0 {
 		return errors.New("Retention is required: set it longer than the time a duplicate can still arrive (broker retention plus retries)")
 	}
 	if err := c.checkRetention("Retention", c.Retention); err != nil {
 		return err
 	}
-	if len(c.ConsumerRetention) > 0 && store.Partitioning() != sqlinbox.NoPartitioning {
-		return fmt.Errorf("ConsumerRetention: not available on a partitioned table (%s), where dropping a partition removes every consumer's rows", store.Partitioning())
+	if len(c.ConsumerRetention) > 0 && store.Partitioned() {
+		return errors.New("ConsumerRetention: not available on a partitioned table, where dropping a partition removes every consumer's rows")
 	}
 	for _, consumer := range slices.Sorted(maps.Keys(c.ConsumerRetention)) {
 		if consumer == "" {
@@ -194,7 +201,7 @@ func (c Config) validate(store *sqlinbox.Store) error {
 			return fmt.Errorf("%s is negative (%s)", name, d)
 		}
 	}
-	limits := store.PurgeLimits()
+	limits := store.Limits()
 	for _, l := range []struct {
 		name     string
 		d, limit time.Duration
@@ -222,9 +229,9 @@ func (c Config) checkRetention(field string, d time.Duration) error {
 // Purger removes expired inbox rows from one table. Its methods are safe for
 // concurrent use; concurrent rounds skip (ErrSkipped).
 type Purger struct {
-	store  *sqlinbox.Store
+	store  maintenance.Store
 	config Config
-	scopes []sqlinbox.PurgeScope
+	scopes []maintenance.PurgeScope
 
 	running sync.Mutex // held by a round, so rounds in one process never overlap
 	batch   int        // current batch size, shrunk after timeouts; guarded by running
@@ -232,20 +239,24 @@ type Purger struct {
 
 // New validates config and returns a Purger for store's table. It does not
 // touch the database.
-func New(store *sqlinbox.Store, config Config) (*Purger, error) {
-	if store == nil {
+func New(store Store, config Config) (*Purger, error) {
+	var m maintenance.Store
+	if store != nil {
+		m = store.Maintenance() // nil for a nil *sqlinbox.Store
+	}
+	if m == nil {
 		return nil, errors.New("purge: invalid config: store is nil")
 	}
 	config.setDefaults()
-	if err := config.validate(store); err != nil {
+	if err := config.validate(m); err != nil {
 		return nil, fmt.Errorf("purge: invalid config: %w", err)
 	}
-	p := &Purger{store: store, config: config, batch: config.BatchSize}
+	p := &Purger{store: m, config: config, batch: config.BatchSize}
 	overridden := slices.Sorted(maps.Keys(config.ConsumerRetention))
 	for _, consumer := range overridden {
-		p.scopes = append(p.scopes, sqlinbox.PurgeScope{OlderThan: config.ConsumerRetention[consumer], Consumer: consumer})
+		p.scopes = append(p.scopes, maintenance.PurgeScope{OlderThan: config.ConsumerRetention[consumer], Consumer: consumer})
 	}
-	p.scopes = append(p.scopes, sqlinbox.PurgeScope{OlderThan: config.Retention, Except: overridden})
+	p.scopes = append(p.scopes, maintenance.PurgeScope{OlderThan: config.Retention, Except: overridden})
 	return p, nil
 }
 
@@ -281,7 +292,7 @@ func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 	start := time.Now()
 	r := round{}
 	var errs []error
-	if p.store.Partitioning() != sqlinbox.NoPartitioning {
+	if p.store.Partitioned() {
 		errs = append(errs, p.partitions(ctx, sess, &r))
 	}
 	for _, scope := range p.scopes {
@@ -298,7 +309,7 @@ func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 		"timeouts":     r.timeouts,
 		"duration":     time.Since(start).Round(time.Millisecond).String(),
 	}
-	if p.store.Partitioning() != sqlinbox.NoPartitioning {
+	if p.store.Partitioned() {
 		fields["partitions_created"] = r.created
 		fields["partitions_dropped"] = r.dropped
 		fields["rows_dropped"] = r.droppedRows
@@ -328,11 +339,11 @@ type round struct {
 
 // deleteScope deletes one scope's expired rows batch by batch until a batch
 // comes back short.
-func (p *Purger) deleteScope(ctx context.Context, sess *sqlinbox.PurgeSession, scope sqlinbox.PurgeScope, r *round) error {
+func (p *Purger) deleteScope(ctx context.Context, sess maintenance.PurgeSession, scope maintenance.PurgeScope, r *round) error {
 	for {
 		n, err := sess.DeleteBatch(ctx, scope, p.batch, p.config.StatementTimeout)
 		switch {
-		case errors.Is(err, sqlinbox.ErrPurgeTimeout):
+		case errors.Is(err, maintenance.ErrPurgeTimeout):
 			r.timeouts++
 			if p.batch <= MinBatchSize {
 				return fmt.Errorf("purge: a batch of %d rows still timed out: %w", p.batch, err)
@@ -375,7 +386,7 @@ func (p *Purger) pause(ctx context.Context) error {
 
 // partitions keeps the coming partitions ready and drops the expired ones.
 // A failure is reported, but the row deletes of the round still run.
-func (p *Purger) partitions(ctx context.Context, sess *sqlinbox.PurgeSession, r *round) error {
+func (p *Purger) partitions(ctx context.Context, sess maintenance.PurgeSession, r *round) error {
 	created, blocked, err := sess.CreatePartitions(ctx, p.config.PartitionsAhead, p.config.LockTimeout)
 	for _, part := range created {
 		r.created = append(r.created, part.Name)
@@ -393,7 +404,7 @@ func (p *Purger) partitions(ctx context.Context, sess *sqlinbox.PurgeSession, r 
 
 // dropExpired drops the partitions whose every row is past the retention.
 // PurgeOnce reports their rows (counted just before the drop) as removed.
-func (p *Purger) dropExpired(ctx context.Context, sess *sqlinbox.PurgeSession, r *round) error {
+func (p *Purger) dropExpired(ctx context.Context, sess maintenance.PurgeSession, r *round) error {
 	expired, err := sess.ExpiredPartitions(ctx, p.config.Retention)
 	if err != nil {
 		return fmt.Errorf("purge: %w", err)
@@ -440,7 +451,7 @@ func (p *Purger) DryRun(ctx context.Context) (map[string]int64, error) {
 			total[c] += n
 		}
 	}
-	if p.store.Partitioning() != sqlinbox.NoPartitioning {
+	if p.store.Partitioned() {
 		expired, err := sess.ExpiredPartitions(ctx, p.config.Retention)
 		if err != nil {
 			return nil, fmt.Errorf("purge: %w", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -175,7 +176,7 @@ func TestSQLiteBusyPurgeBatchIsATimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	first, impatient := impatientPair(t)
-	sess, ok, err := impatient.BeginPurge(ctx)
+	sess, ok, err := impatient.Maintenance().BeginPurge(ctx)
 	require.NoError(t, err)
 	require.True(t, ok)
 	defer sess.Close()
@@ -183,12 +184,12 @@ func TestSQLiteBusyPurgeBatchIsATimeout(t *testing.T) {
 	tx, claimed, err := claim(ctx, first, nil, "c", "x")
 	require.NoError(t, err)
 	require.True(t, claimed)
-	_, err = sess.DeleteBatch(ctx, sqlinbox.PurgeScope{OlderThan: time.Hour}, 100, 0)
-	require.ErrorIs(t, err, sqlinbox.ErrPurgeTimeout)
+	_, err = sess.DeleteBatch(ctx, maintenance.PurgeScope{OlderThan: time.Hour}, 100, 0)
+	require.ErrorIs(t, err, maintenance.ErrPurgeTimeout)
 	require.NotErrorIs(t, err, inbox.ErrInFlight)
 	require.NoError(t, tx.Commit())
 
-	_, err = sess.DeleteBatch(ctx, sqlinbox.PurgeScope{OlderThan: time.Hour}, 100, 0)
+	_, err = sess.DeleteBatch(ctx, maintenance.PurgeScope{OlderThan: time.Hour}, 100, 0)
 	require.NoError(t, err, "once the lock is free the batch runs")
 }
 

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
 // Partitioning splits a PostgreSQL inbox table into time ranges of
@@ -155,60 +157,51 @@ func checkLayout(ctx context.Context, db rowQuerier, t tableName, c Config) erro
 	return nil
 }
 
-// Partition is one time partition of a partitioned inbox table: the rows
-// with From <= processed_at < To (UTC).
-type Partition struct {
-	Name     string
-	From, To time.Time
-}
-
-func (p Partition) String() string { return p.Name }
-
 // partitionFor returns the partition of period i after the one holding at.
-func partitionFor(t tableName, mode Partitioning, at time.Time, i int) Partition {
+func partitionFor(t tableName, mode Partitioning, at time.Time, i int) maintenance.Partition {
 	at = at.UTC()
 	switch mode {
 	case Monthly:
 		from := time.Date(at.Year(), at.Month()+time.Month(i), 1, 0, 0, 0, 0, time.UTC)
-		return Partition{Name: t.name + "_p" + from.Format("200601"), From: from, To: from.AddDate(0, 1, 0)}
+		return maintenance.Partition{Name: t.name + "_p" + from.Format("200601"), From: from, To: from.AddDate(0, 1, 0)}
 	default:
 		from := time.Date(at.Year(), at.Month(), at.Day()+i, 0, 0, 0, 0, time.UTC)
-		return Partition{Name: t.name + "_p" + from.Format("20060102"), From: from, To: from.AddDate(0, 0, 1)}
+		return maintenance.Partition{Name: t.name + "_p" + from.Format("20060102"), From: from, To: from.AddDate(0, 0, 1)}
 	}
 }
 
 // parsePartition recognises the partitions this package creates, daily or
 // monthly whatever the current mode, so a change of mode still drops the
 // old ones. Other partitions are left alone.
-func parsePartition(t tableName, name string) (Partition, bool) {
+func parsePartition(t tableName, name string) (maintenance.Partition, bool) {
 	suffix, ok := strings.CutPrefix(name, t.name+"_p")
 	if !ok {
-		return Partition{}, false
+		return maintenance.Partition{}, false
 	}
 	switch len(suffix) {
 	case 8:
 		from, err := time.Parse("20060102", suffix)
 		if err == nil {
-			return Partition{Name: name, From: from, To: from.AddDate(0, 0, 1)}, true
+			return maintenance.Partition{Name: name, From: from, To: from.AddDate(0, 0, 1)}, true
 		}
 	case 6:
 		from, err := time.Parse("200601", suffix)
 		if err == nil {
-			return Partition{Name: name, From: from, To: from.AddDate(0, 1, 0)}, true
+			return maintenance.Partition{Name: name, From: from, To: from.AddDate(0, 1, 0)}, true
 		}
 	}
-	return Partition{}, false
+	return maintenance.Partition{}, false
 }
 
-func (p *PurgeSession) partitioned() error {
+func (p *purgeSession) partitioned() error {
 	if p.s.config.Partitioning == NoPartitioning {
 		return fmt.Errorf("sqlinbox: %s is not partitioned (Config.Partitioning)", p.s.table)
 	}
 	return nil
 }
 
-// Partitions lists the time partitions of the table, oldest first.
-func (p *PurgeSession) Partitions(ctx context.Context) ([]Partition, error) {
+// Partitions implements maintenance.PurgeSession.
+func (p *purgeSession) Partitions(ctx context.Context) ([]maintenance.Partition, error) {
 	if err := p.partitioned(); err != nil {
 		return nil, err
 	}
@@ -217,7 +210,7 @@ func (p *PurgeSession) Partitions(ctx context.Context) ([]Partition, error) {
 		return nil, p.fail(ctx, "listing the partitions of", err)
 	}
 	defer rows.Close()
-	var out []Partition
+	var out []maintenance.Partition
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {
@@ -230,18 +223,12 @@ func (p *PurgeSession) Partitions(ctx context.Context) ([]Partition, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	slices.SortFunc(out, func(a, b Partition) int { return a.From.Compare(b.From) })
+	slices.SortFunc(out, func(a, b maintenance.Partition) int { return a.From.Compare(b.From) })
 	return out, nil
 }
 
-// CreatePartitions creates the partition of the current period (by the
-// database clock) and of the next ahead periods, skipping those that exist,
-// and returns those it created. A period whose rows already went to the
-// default partition cannot get its own partition; it is returned in blocked
-// and its rows are purged from the default partition by row deletes.
-// lockTimeout bounds the wait for the table lock the DDL needs: claims
-// queue behind that wait.
-func (p *PurgeSession) CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (created, blocked []Partition, err error) {
+// CreatePartitions implements maintenance.PurgeSession.
+func (p *purgeSession) CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (created, blocked []maintenance.Partition, err error) {
 	existing, err := p.Partitions(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -252,7 +239,7 @@ func (p *PurgeSession) CreatePartitions(ctx context.Context, ahead int, lockTime
 	}
 	for i := range ahead + 1 {
 		part := partitionFor(p.s.table, p.s.config.Partitioning, now, i)
-		if slices.ContainsFunc(existing, func(e Partition) bool { return e.From.Before(part.To) && part.From.Before(e.To) }) {
+		if slices.ContainsFunc(existing, func(e maintenance.Partition) bool { return e.From.Before(part.To) && part.From.Before(e.To) }) {
 			continue
 		}
 		stmt := fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
@@ -273,9 +260,8 @@ func (p *PurgeSession) CreatePartitions(ctx context.Context, ahead int, lockTime
 
 const pgTimestamp = "2006-01-02 15:04:05Z07:00"
 
-// ExpiredPartitions returns the partitions whose every row is older than
-// olderThan by the database clock, oldest first.
-func (p *PurgeSession) ExpiredPartitions(ctx context.Context, olderThan time.Duration) ([]Partition, error) {
+// ExpiredPartitions implements maintenance.PurgeSession.
+func (p *purgeSession) ExpiredPartitions(ctx context.Context, olderThan time.Duration) ([]maintenance.Partition, error) {
 	parts, err := p.Partitions(ctx)
 	if err != nil {
 		return nil, err
@@ -284,14 +270,13 @@ func (p *PurgeSession) ExpiredPartitions(ctx context.Context, olderThan time.Dur
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(parts, func(part Partition) bool { return part.To.After(cutoff) }), nil
+	return slices.DeleteFunc(parts, func(part maintenance.Partition) bool { return part.To.After(cutoff) }), nil
 }
 
-// DropPartition drops one partition with all its rows. It needs a brief
-// exclusive lock on the table (PostgreSQL cannot detach concurrently while a
-// default partition exists); lockTimeout bounds the wait for it, since
-// claims queue behind that wait.
-func (p *PurgeSession) DropPartition(ctx context.Context, part Partition, lockTimeout time.Duration) error {
+// DropPartition implements maintenance.PurgeSession. It takes a brief
+// exclusive lock on the table: PostgreSQL cannot detach a partition
+// concurrently while a default partition exists.
+func (p *purgeSession) DropPartition(ctx context.Context, part maintenance.Partition, lockTimeout time.Duration) error {
 	if err := p.partitioned(); err != nil {
 		return err
 	}
@@ -305,8 +290,8 @@ func (p *PurgeSession) DropPartition(ctx context.Context, part Partition, lockTi
 	return nil
 }
 
-// CountPartition returns, per consumer, the rows of one partition.
-func (p *PurgeSession) CountPartition(ctx context.Context, part Partition) (map[string]int64, error) {
+// CountPartition implements maintenance.PurgeSession.
+func (p *purgeSession) CountPartition(ctx context.Context, part maintenance.Partition) (map[string]int64, error) {
 	if _, ok := parsePartition(p.s.table, part.Name); !ok {
 		return nil, fmt.Errorf("sqlinbox: %q is not a time partition of %s", part.Name, p.s.table)
 	}
@@ -318,7 +303,7 @@ func (p *PurgeSession) CountPartition(ctx context.Context, part Partition) (map[
 }
 
 // ddl runs one DDL statement in its own transaction with a lock timeout.
-func (p *PurgeSession) ddl(ctx context.Context, stmt string, lockTimeout time.Duration) error {
+func (p *purgeSession) ddl(ctx context.Context, stmt string, lockTimeout time.Duration) error {
 	tx, err := p.conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -337,7 +322,7 @@ func (p *PurgeSession) ddl(ctx context.Context, stmt string, lockTimeout time.Du
 }
 
 // dbTime returns the database clock minus ago, in UTC.
-func (p *PurgeSession) dbTime(ctx context.Context, ago time.Duration) (time.Time, error) {
+func (p *purgeSession) dbTime(ctx context.Context, ago time.Duration) (time.Time, error) {
 	var at time.Time
 	if err := p.conn.QueryRowContext(ctx, `SELECT now() - $1::float8 * interval '1 microsecond'`, ago.Microseconds()).Scan(&at); err != nil {
 		return time.Time{}, p.fail(ctx, "reading the clock of", err)

@@ -4,32 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
-
-// ErrPurgeTimeout means one purge statement ran longer than the timeout
-// given to PurgeSession.DeleteBatch and was cancelled by the database;
-// nothing of that batch was deleted. The purge package answers it with a
-// smaller batch.
-var ErrPurgeTimeout = errors.New("sqlinbox: purge statement timed out")
-
-// PurgeScope selects the rows one purge pass removes: those whose
-// processed_at is more than OlderThan before the database's clock (never the
-// application's, so instances with skewed clocks agree), for one consumer or
-// for every consumer but some.
-type PurgeScope struct {
-	// OlderThan is the retention: rows younger than this stay.
-	OlderThan time.Duration
-	// Consumer limits the pass to one consumer. When empty, the pass covers
-	// every consumer not listed in Except.
-	Consumer string
-	// Except lists consumers the pass leaves alone (those with their own
-	// retention). Ignored when Consumer is set.
-	Except []string
-}
 
 // purgeDialect is what a dialect offers the purge, kept apart from Dialect
 // so a dialect without it still stores claims.
@@ -38,29 +18,7 @@ type purgeDialect interface {
 	// statementTimedOut reports whether err is the database cancelling a
 	// statement for running past its timeout.
 	statementTimedOut(err error) bool
-	purgeLimits() PurgeLimits
-}
-
-// PurgeLimits are the longest timeouts a database takes for the purge's
-// statements; package purge refuses a Config beyond them, since every
-// batch or partition change would fail. Zero means no limit: the dialect
-// does not use that timeout (SQLite neither; MySQL 8 no statement timeout).
-type PurgeLimits struct {
-	// StatementTimeout bounds the timeout of PurgeSession.DeleteBatch:
-	// PostgreSQL's statement_timeout, MariaDB's max_statement_time.
-	StatementTimeout time.Duration
-	// LockTimeout bounds the lockTimeout of PurgeSession.CreatePartitions
-	// and DropPartition: PostgreSQL's lock_timeout.
-	LockTimeout time.Duration
-}
-
-// PurgeLimits returns the longest purge timeouts the store's database
-// takes. Package purge checks its Config against them.
-func (s *Store) PurgeLimits() PurgeLimits {
-	if pd, ok := s.dialect.(purgeDialect); ok {
-		return pd.purgeLimits()
-	}
-	return PurgeLimits{}
+	purgeLimits() maintenance.Limits
 }
 
 // purgeQueries holds the purge's SQL text. Bind parameters come in one
@@ -90,21 +48,21 @@ type purgeQueries struct {
 	adapt func(ctx context.Context, conn *sql.Conn, q *purgeQueries) error
 }
 
-// scopeShape is what of a PurgeScope changes the SQL text.
+// scopeShape is what of a maintenance.PurgeScope changes the SQL text.
 type scopeShape struct {
 	consumer bool // consumer = ?
 	except   int  // consumer NOT IN (?, ...)
 }
 
-func (sc PurgeScope) shape() scopeShape {
+func shapeOf(sc maintenance.PurgeScope) scopeShape {
 	if sc.Consumer != "" {
 		return scopeShape{consumer: true}
 	}
 	return scopeShape{except: len(sc.Except)}
 }
 
-// args returns the bind parameters for scope, in the documented order.
-func (sc PurgeScope) args(limit ...int) []any {
+// scopeArgs returns the bind parameters for sc, in the documented order.
+func scopeArgs(sc maintenance.PurgeScope, limit ...int) []any {
 	args := []any{sc.OlderThan.Microseconds()}
 	if sc.Consumer != "" {
 		args = append(args, sc.Consumer)
@@ -145,12 +103,10 @@ func (s scopeShape) params() int {
 	return s.except
 }
 
-// PurgeSession is one purge round on a dedicated connection that holds the
-// table's purge lock, so that several instances running the purge never
-// work at the same time. Package purge drives it; most programs use that
-// package rather than this type. Close it to release the lock and the
-// connection.
-type PurgeSession struct {
+// purgeSession implements maintenance.PurgeSession on a dedicated
+// connection, which holds the table's purge lock where the database needs
+// one.
+type purgeSession struct {
 	s    *Store
 	pd   purgeDialect
 	q    purgeQueries
@@ -159,10 +115,10 @@ type PurgeSession struct {
 	held bool
 }
 
-// BeginPurge opens a purge session. When another session holds the table's
-// purge lock it returns nil and false without waiting: that instance is
-// already doing the work.
-func (s *Store) BeginPurge(ctx context.Context) (*PurgeSession, bool, error) {
+var _ maintenance.PurgeSession = (*purgeSession)(nil)
+
+// beginPurge implements maintenance.Store.BeginPurge.
+func (s *Store) beginPurge(ctx context.Context) (*purgeSession, bool, error) {
 	pd, ok := s.dialect.(purgeDialect)
 	if !ok {
 		return nil, false, fmt.Errorf("sqlinbox: the %s dialect has no purge", s.dialect)
@@ -171,7 +127,7 @@ func (s *Store) BeginPurge(ctx context.Context) (*PurgeSession, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
 	}
-	p := &PurgeSession{s: s, pd: pd, q: pd.purgeQueries(s.table, s.config), conn: conn}
+	p := &purgeSession{s: s, pd: pd, q: pd.purgeQueries(s.table, s.config), conn: conn}
 	if p.q.adapt != nil {
 		if err := p.q.adapt(ctx, conn, &p.q); err != nil {
 			_ = conn.Close()
@@ -197,7 +153,7 @@ func (s *Store) BeginPurge(ctx context.Context) (*PurgeSession, bool, error) {
 // Close releases the purge lock and the connection. If the lock cannot be
 // released, the connection is discarded rather than returned to the pool,
 // which ends the database session and the lock with it.
-func (p *PurgeSession) Close() error {
+func (p *purgeSession) Close() error {
 	if p.held {
 		p.held = false
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -213,11 +169,8 @@ func (p *PurgeSession) Close() error {
 	return p.conn.Close()
 }
 
-// DeleteBatch deletes at most limit rows of scope, oldest first, in one
-// transaction, and returns how many it deleted. A statement running longer
-// than timeout (0: no limit) is cancelled by the database and reported as
-// an error wrapping ErrPurgeTimeout.
-func (p *PurgeSession) DeleteBatch(ctx context.Context, scope PurgeScope, limit int, timeout time.Duration) (int64, error) {
+// DeleteBatch implements maintenance.PurgeSession.
+func (p *purgeSession) DeleteBatch(ctx context.Context, scope maintenance.PurgeScope, limit int, timeout time.Duration) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("sqlinbox: purge batch size must be positive, got %d", limit)
 	}
@@ -232,7 +185,7 @@ func (p *PurgeSession) DeleteBatch(ctx context.Context, scope PurgeScope, limit 
 			return 0, p.fail(ctx, "purging", err)
 		}
 	}
-	res, err := tx.ExecContext(ctx, p.q.deleteBatch(scope.shape(), timeout), scope.args(limit)...)
+	res, err := tx.ExecContext(ctx, p.q.deleteBatch(shapeOf(scope), timeout), scopeArgs(scope, limit)...)
 	if err != nil {
 		return 0, p.fail(ctx, "purging", err)
 	}
@@ -246,10 +199,9 @@ func (p *PurgeSession) DeleteBatch(ctx context.Context, scope PurgeScope, limit 
 	return n, nil
 }
 
-// CountExpired returns, per consumer, how many rows of scope are old enough
-// for DeleteBatch to remove. It deletes nothing (a dry run).
-func (p *PurgeSession) CountExpired(ctx context.Context, scope PurgeScope) (map[string]int64, error) {
-	rows, err := p.conn.QueryContext(ctx, p.q.countExpired(scope.shape()), scope.args()...)
+// CountExpired implements maintenance.PurgeSession.
+func (p *purgeSession) CountExpired(ctx context.Context, scope maintenance.PurgeScope) (map[string]int64, error) {
+	rows, err := p.conn.QueryContext(ctx, p.q.countExpired(shapeOf(scope)), scopeArgs(scope)...)
 	if err != nil {
 		return nil, p.fail(ctx, "counting expired rows of", err)
 	}
@@ -273,9 +225,9 @@ func scanCounts(rows *sql.Rows) (map[string]int64, error) {
 // fail wraps err, recognising statement timeouts. A cancelled context also
 // makes some databases report a cancelled statement, so it is checked
 // first.
-func (p *PurgeSession) fail(ctx context.Context, doing string, err error) error {
+func (p *purgeSession) fail(ctx context.Context, doing string, err error) error {
 	if ctx.Err() == nil && p.pd.statementTimedOut(err) {
-		return fmt.Errorf("sqlinbox: %s %s: %w: %w", doing, p.s.table, ErrPurgeTimeout, err)
+		return fmt.Errorf("sqlinbox: %s %s: %w: %w", doing, p.s.table, maintenance.ErrPurgeTimeout, err)
 	}
 	return fmt.Errorf("sqlinbox: %s %s: %w", doing, p.s.table, p.s.dialect.classify(err))
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
 var _ purgeDialect = mysqlDialect{}
@@ -76,8 +78,8 @@ const (
 // a year; partitions, hence lock timeouts, are PostgreSQL's only.
 const mariadbMaxStatementTime = 31_536_000 * time.Second
 
-func (mysqlDialect) purgeLimits() PurgeLimits {
-	return PurgeLimits{StatementTimeout: mariadbMaxStatementTime}
+func (mysqlDialect) purgeLimits() maintenance.Limits {
+	return maintenance.Limits{StatementTimeout: mariadbMaxStatementTime}
 }
 
 func (mysqlDialect) statementTimedOut(err error) bool {

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
 var _ purgeDialect = postgresql{}
@@ -53,8 +55,8 @@ func (postgresql) purgeQueries(t tableName, c Config) purgeQueries {
 	}
 }
 
-func (postgresql) purgeLimits() PurgeLimits {
-	return PurgeLimits{StatementTimeout: pgMaxTimeout, LockTimeout: pgMaxTimeout}
+func (postgresql) purgeLimits() maintenance.Limits {
+	return maintenance.Limits{StatementTimeout: pgMaxTimeout, LockTimeout: pgMaxTimeout}
 }
 
 func (postgresql) statementTimedOut(err error) bool {

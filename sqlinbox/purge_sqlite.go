@@ -3,6 +3,8 @@ package sqlinbox
 import (
 	"fmt"
 	"time"
+
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
 var _ purgeDialect = sqlite{}
@@ -31,7 +33,7 @@ func (sqlite) purgeQueries(t tableName, _ Config) purgeQueries {
 
 // purgeLimits has no limit: SQLite has no statement timeout (its busy
 // timeout is the DSN's) and no partitions.
-func (sqlite) purgeLimits() PurgeLimits { return PurgeLimits{} }
+func (sqlite) purgeLimits() maintenance.Limits { return maintenance.Limits{} }
 
 // statementTimedOut reports a batch that waited longer than the busy
 // timeout for the write lock. SQLite has no statement timeout, but this is

@@ -300,7 +300,7 @@ func (a *Admin) PrefillPartitioned(ctx context.Context, table string, mode sqlin
 	if err != nil {
 		return err
 	}
-	ps, ok, err := store.BeginPurge(ctx)
+	ps, ok, err := store.Maintenance().BeginPurge(ctx)
 	if err != nil {
 		return err
 	}
