@@ -36,7 +36,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/purge"
 )
 
 // DefaultNamespace prefixes every metric name when New gets no namespace.
@@ -166,7 +165,7 @@ func (m *Metrics) PurgeRound(table string) func(deleted int64, took time.Duratio
 // and how long it took. PurgeRound calls it from the purge's hook.
 func (m *Metrics) ObservePurge(table string, deleted int64, d time.Duration, err error) {
 	switch {
-	case errors.Is(err, purge.ErrSkipped):
+	case skipped(err):
 		m.purgeRounds.WithLabelValues(table, "skipped").Inc()
 		return
 	case err != nil:
@@ -176,6 +175,14 @@ func (m *Metrics) ObservePurge(table string, deleted int64, d time.Duration, err
 	}
 	m.purgeDeleted.WithLabelValues(table).Add(float64(deleted))
 	m.purgeTime.WithLabelValues(table).Observe(d.Seconds())
+}
+
+// skipped reports whether err is purge.ErrSkipped, by its Skipped method:
+// importing package purge would link the stores and their database
+// drivers into every program that exports metrics.
+func skipped(err error) bool {
+	var s interface{ Skipped() bool }
+	return errors.As(err, &s) && s.Skipped()
 }
 
 // OldestClaimer is a store that can tell its oldest row: *sqlinbox.Store and

@@ -68,7 +68,20 @@ const (
 // same table holds the purge lock (in this or another process). Nothing was
 // done, and nothing needs doing: that purge is doing the work. Run and
 // cmd/inbox-purge treat it as success.
-var ErrSkipped = errors.New("purge: another purge of this table is running; skipped")
+//
+// Test for it with errors.Is. Its type also has a method Skipped() bool
+// that returns true, for code that must not import this package (and the
+// store packages behind it): prommetrics finds it with errors.As, as one
+// finds net.Error's Timeout.
+var ErrSkipped error = skippedError{}
+
+type skippedError struct{}
+
+func (skippedError) Error() string { return "purge: another purge of this table is running; skipped" }
+
+// Skipped reports that the round did nothing because another purge of the
+// table was running.
+func (skippedError) Skipped() bool { return true }
 
 // Store is an inbox store the purge can maintain: a *sqlinbox.Store or a
 // *pgxinbox.Store. Its method returns a type internal to this module, so

@@ -256,6 +256,18 @@ func TestPgxStore(t *testing.T) {
 	require.Equal(t, map[string]int64{"billing": 3}, b.rows(t))
 }
 
+// ErrSkipped is matched with errors.Is, and by its Skipped method where
+// package purge is not imported (prommetrics).
+func TestErrSkipped(t *testing.T) {
+	t.Parallel()
+	err := fmt.Errorf("round: %w", purge.ErrSkipped)
+	require.ErrorIs(t, err, purge.ErrSkipped)
+	var s interface{ Skipped() bool }
+	require.ErrorAs(t, err, &s)
+	require.True(t, s.Skipped())
+	require.NotErrorIs(t, errors.New(purge.ErrSkipped.Error()), purge.ErrSkipped)
+}
+
 // Exactly the expired rows go, in several batches; the young ones stay.
 func TestDeletesOnlyExpiredRows(t *testing.T) {
 	forEach(t, func(t *testing.T, tg target) {

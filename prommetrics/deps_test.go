@@ -1,0 +1,22 @@
+package prommetrics_test
+
+import (
+	"testing"
+
+	"github.com/watermill-inbox/inbox/internal/depstest"
+)
+
+// Metrics need no store: a program exporting them links neither the purge
+// nor a store, nor any database driver.
+func TestLinksNoStore(t *testing.T) {
+	t.Parallel()
+	depstest.Forbid(t, "github.com/watermill-inbox/inbox/prommetrics",
+		"github.com/watermill-inbox/inbox/purge",
+		"github.com/watermill-inbox/inbox/sqlinbox",
+		"github.com/watermill-inbox/inbox/pgxinbox",
+		"github.com/jackc/pgx",
+		"github.com/go-sql-driver/mysql",
+		"github.com/lib/pq",
+		"modernc.org/sqlite",
+	)
+}
