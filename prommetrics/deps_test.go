@@ -10,13 +10,9 @@ import (
 // nor a store, nor any database driver.
 func TestLinksNoStore(t *testing.T) {
 	t.Parallel()
-	depstest.Forbid(t, "github.com/watermill-inbox/inbox/prommetrics",
+	depstest.Forbid(t, "github.com/watermill-inbox/inbox/prommetrics", append([]string{
 		"github.com/watermill-inbox/inbox/purge",
 		"github.com/watermill-inbox/inbox/sqlinbox",
 		"github.com/watermill-inbox/inbox/pgxinbox",
-		"github.com/jackc/pgx",
-		"github.com/go-sql-driver/mysql",
-		"github.com/lib/pq",
-		"modernc.org/sqlite",
-	)
+	}, depstest.Drivers...)...)
 }

@@ -9,13 +9,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	inbox "github.com/watermill-inbox/inbox"
 )
 
 // MySQL is the dialect for MySQL 8 and MariaDB 10.11 and later, through
-// github.com/go-sql-driver/mysql.
+// github.com/go-sql-driver/mysql, which the program imports: sqlinbox
+// recognises the driver's errors without linking it.
 //
 // The DSN must not set clientFoundRows=true: it makes a duplicate report one
 // affected row, like a new claim, and the store refuses to claim on such a
@@ -170,11 +169,11 @@ func (mysqlDialect) claimTimeoutLimit() (time.Duration, string) {
 }
 
 func (mysqlDialect) classify(err error) error {
-	var e *mysql.MySQLError
-	if !errors.As(err, &e) {
+	number, ok := mysqlErrorNumber(err)
+	if !ok {
 		return err
 	}
-	switch e.Number {
+	switch number {
 	case mysqlLockWaitTimeout, mysqlDeadlock:
 		// A deadlock on the claim, the transaction's first statement, can
 		// only involve other claims of the same key range: retrying later

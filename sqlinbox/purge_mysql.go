@@ -3,13 +3,10 @@ package sqlinbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
@@ -83,11 +80,8 @@ func (mysqlDialect) purgeLimits() maintenance.Limits {
 }
 
 func (mysqlDialect) statementTimedOut(err error) bool {
-	var e *mysql.MySQLError
-	if !errors.As(err, &e) {
-		return false
-	}
-	switch e.Number {
+	number, _ := mysqlErrorNumber(err)
+	switch number {
 	case mariadbStatementTimeout, mysqlQueryTimeout, mysqlLockWaitTimeout:
 		return true
 	}

@@ -11,6 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// Drivers are the database drivers the library's tests use, by module.
+var Drivers = []string{
+	"github.com/go-sql-driver/mysql",
+	"github.com/jackc/pgx",
+	"github.com/lib/pq",
+	"modernc.org/sqlite",
+}
+
 // Deps returns the import paths pkg depends on, itself included, as
 // `go list -deps` prints them: the package as a program links it, without
 // its tests.
