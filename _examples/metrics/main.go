@@ -4,7 +4,7 @@
 //
 //	go run ./_examples/metrics                 # embedded SQLite, prints the counters and exits
 //	go run ./_examples/metrics -serve          # keeps serving http://127.0.0.1:2112/metrics
-//	go run ./_examples/metrics -dialect postgres -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./_examples/metrics -dialect postgresql -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //	go run ./_examples/metrics -dialect mysql -dsn 'root@tcp(127.0.0.1:3306)/test'
 package main
 
@@ -38,7 +38,7 @@ import (
 )
 
 func main() {
-	dialect := flag.String("dialect", "sqlite", "sqlite, postgres or mysql")
+	dialect := flag.String("dialect", "sqlite", "sqlite, postgresql or mysql")
 	dsn := flag.String("dsn", "", "database DSN (default: a temporary SQLite file)")
 	addr := flag.String("addr", "127.0.0.1:2112", "where to serve /metrics")
 	serve := flag.Bool("serve", false, "keep serving /metrics until interrupted")
@@ -52,6 +52,7 @@ func main() {
 // placeholder of its first query parameter.
 func database(dialect, dsn string) (db *sql.DB, d sqlinbox.Dialect, ph string, cleanup func(), err error) {
 	removeDir := func() {}
+	driver := dialect
 	switch dialect {
 	case "sqlite":
 		d, ph = sqlinbox.SQLite, "?"
@@ -63,17 +64,17 @@ func database(dialect, dsn string) (db *sql.DB, d sqlinbox.Dialect, ph string, c
 			removeDir = func() { _ = os.RemoveAll(dir) }
 			dsn = sqlinbox.SQLiteDSN(filepath.Join(dir, "shop.db"))
 		}
-	case "postgres":
-		d, ph = sqlinbox.PostgreSQL, "$1"
+	case "postgresql":
+		d, ph, driver = sqlinbox.PostgreSQL, "$1", "postgres" // lib/pq's driver name
 	case "mysql":
 		d, ph = sqlinbox.MySQL, "?"
 	default:
-		return nil, nil, "", nil, fmt.Errorf("unknown -dialect %q: sqlite, postgres or mysql", dialect)
+		return nil, nil, "", nil, fmt.Errorf("unknown -dialect %q: sqlite, postgresql or mysql", dialect)
 	}
 	if dsn == "" {
 		return nil, nil, "", nil, fmt.Errorf("-dialect %s needs -dsn", dialect)
 	}
-	db, err = sql.Open(dialect, dsn)
+	db, err = sql.Open(driver, dsn)
 	if err != nil {
 		removeDir()
 		return nil, nil, "", nil, err
