@@ -37,17 +37,17 @@ type sqlite struct{}
 func (sqlite) String() string { return "sqlite" }
 
 // DefaultSQLiteBusyTimeout is the write-lock wait SQLiteDSN sets.
-const DefaultSQLiteBusyTimeout = 5000 // milliseconds
+const DefaultSQLiteBusyTimeout = 5 * time.Second
 
 // SQLiteDSN returns a modernc.org/sqlite data source name for the database
 // file at path with the settings the inbox needs under concurrency: a busy
-// timeout of DefaultSQLiteBusyTimeout milliseconds, WAL journal and
-// transactions that take the write lock at BEGIN.
+// timeout of DefaultSQLiteBusyTimeout, WAL journal and transactions that
+// take the write lock at BEGIN.
 //
 //	db, err := sql.Open("sqlite", sqlinbox.SQLiteDSN("app.db"))
 func SQLiteDSN(path string) string {
 	q := url.Values{}
-	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", DefaultSQLiteBusyTimeout))
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", DefaultSQLiteBusyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Set("_txlock", "immediate")
 	return "file:" + path + "?" + q.Encode()

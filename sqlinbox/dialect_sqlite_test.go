@@ -26,6 +26,20 @@ func sqliteDSN(path string, pragmas url.Values) string {
 	return "file:" + path + "?" + pragmas.Encode()
 }
 
+// A connection opened with SQLiteDSN waits DefaultSQLiteBusyTimeout for
+// the write lock, in WAL mode.
+func TestSQLiteDSN(t *testing.T) {
+	t.Parallel()
+	db := testdb.Open(t, "sqlite", sqlinbox.SQLiteDSN(testdb.SQLiteFile(t)))
+	var busy int64
+	require.NoError(t, db.QueryRow("PRAGMA busy_timeout").Scan(&busy))
+	require.Equal(t, sqlinbox.DefaultSQLiteBusyTimeout, time.Duration(busy)*time.Millisecond)
+	require.Equal(t, 5*time.Second, sqlinbox.DefaultSQLiteBusyTimeout)
+	var mode string
+	require.NoError(t, db.QueryRow("PRAGMA journal_mode").Scan(&mode))
+	require.Equal(t, "wal", mode)
+}
+
 // Several routers, each with its own pool (as separate processes would
 // have), share one SQLite file and receive every copy of every event at the
 // same moment. Whatever the lock settings, "database is locked" may only

@@ -6,6 +6,7 @@
 //	inbox-purge -dsn "$DATABASE_URL" -retention 14d
 //	inbox-purge -dialect mysql -dsn 'user:pw@tcp(db:3306)/app' -table app_inbox -retention 14d -dry-run
 //	inbox-purge -dsn "$DATABASE_URL" -retention 30d -partitioning daily -loop -interval 1h
+//	inbox-purge -dialect sqlite -dsn app.db -retention 14d
 //
 // Exit status: 0 when the purge ran or another instance was already purging
 // the table (it is doing the work), 1 when the purge failed, 2 for invalid
@@ -71,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("inbox-purge", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		dsn          = fs.String("dsn", "", "database connection string (required)")
+		dsn          = fs.String("dsn", "", fmt.Sprintf("database connection string (required); a SQLite file or DSN waits %s for the write lock unless it sets busy_timeout", sqlinbox.DefaultSQLiteBusyTimeout))
 		dialectName  = fs.String("dialect", "postgresql", "postgresql, mysql or sqlite")
 		table        = fs.String("table", sqlinbox.DefaultTable, "inbox table, optionally schema.table")
 		partitioning = fs.String("partitioning", "none", "the table's layout on PostgreSQL: none, daily or monthly (as created)")
@@ -116,6 +117,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usage("-dry-run and -loop exclude each other")
 	}
 
+	if d.dialect == sqlinbox.SQLite {
+		*dsn = sqliteBusyTimeout(*dsn)
+	}
 	db, err := sql.Open(d.driver, *dsn)
 	if err != nil {
 		return usage("-dsn: %v", err)

@@ -124,19 +124,28 @@ func TestLoop(t *testing.T) {
 	}
 }
 
-// SQLite through the same flags.
-func TestSQLite(t *testing.T) {
-	t.Parallel()
-	path := testdb.SQLiteFile(t)
+// sqliteInbox makes the default inbox table in test t's SQLite file, with
+// one row of consumer billing per event id, claimed at now plus the SQLite
+// date modifier given ("-3 days").
+func sqliteInbox(t *testing.T, rows map[string]string) (*sql.DB, *sqlinbox.Store) {
+	t.Helper()
 	db := testdb.SQLite(t)
 	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.SQLite})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchema(context.Background()))
-	_, err = db.Exec(`INSERT INTO watermill_inbox (consumer, event_id, processed_at) VALUES
-		('billing', 'old', strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-3 days')),
-		('billing', 'new', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))`)
-	require.NoError(t, err)
-	code, out, errOut := runCmd("-dialect", "sqlite", "-dsn", sqlinbox.SQLiteDSN(path), "-retention", "2d")
+	for id, age := range rows {
+		_, err := db.Exec(`INSERT INTO watermill_inbox (consumer, event_id, processed_at)
+VALUES ('billing', ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?))`, id, age)
+		require.NoError(t, err)
+	}
+	return db, store
+}
+
+// SQLite through the same flags.
+func TestSQLite(t *testing.T) {
+	t.Parallel()
+	db, _ := sqliteInbox(t, map[string]string{"old": "-3 days", "new": "-0 seconds"})
+	code, out, errOut := runCmd("-dialect", "sqlite", "-dsn", sqlinbox.SQLiteDSN(testdb.SQLiteFile(t)), "-retention", "2d")
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "removed 1 rows from watermill_inbox")
 	require.Equal(t, 1, count(t, db, "watermill_inbox"))
@@ -174,4 +183,53 @@ func TestDurationsOutOfRange(t *testing.T) {
 	code, out, errOut := runCmd("-dsn", dsn, "-table", table, "-retention", "106751d", "-dry-run")
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "would remove 0 rows")
+}
+
+// A SQLite DSN gets the busy timeout sqlinbox.SQLiteDSN sets, unless it
+// sets one itself.
+func TestSQLiteBusyTimeout(t *testing.T) {
+	t.Parallel()
+	for dsn, want := range map[string]string{
+		"app.db":                                   "app.db?_pragma=busy_timeout%285000%29",
+		"file:app.db":                              "file:app.db?_pragma=busy_timeout%285000%29",
+		"file:app.db?_pragma=journal_mode(WAL)":    "file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout%285000%29",
+		"app.db?_pragma=busy_timeout(100)":         "app.db?_pragma=busy_timeout(100)",
+		"app.db?_pragma=%20BUSY_TIMEOUT%20%3D%201": "app.db?_pragma=%20BUSY_TIMEOUT%20%3D%201",
+		"app.db?_busy_timeout=100":                 "app.db?_busy_timeout=100",
+		"app.db?_timeout=100":                      "app.db?_timeout=100",
+		"app.db?%zz":                               "app.db?%zz",
+	} {
+		require.Equal(t, want, sqliteBusyTimeout(dsn), dsn)
+	}
+}
+
+// A purge round next to a writer holding SQLite's write lock for a second
+// waits for it, whether -dsn is a bare path or a DSN without busy_timeout:
+// without a busy timeout every batch failed at once and the round gave up.
+func TestSQLiteWaitsForTheWriteLock(t *testing.T) {
+	t.Parallel()
+	for name, dsn := range map[string]func(path string) string{
+		"path":                func(path string) string { return path },
+		"DSN without timeout": func(path string) string { return "file:" + path + "?_pragma=journal_mode(WAL)" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db, store := sqliteInbox(t, map[string]string{"old": "-3 days"})
+
+			// A claim's transaction: SQLiteDSN's BEGIN takes the write lock.
+			tx, _, err := store.Claim(context.Background(), nil, "billing", "held", nil)
+			require.NoError(t, err)
+			require.NotNil(t, tx, "a new claim")
+			released := make(chan error, 1)
+			go func() {
+				time.Sleep(time.Second)
+				released <- tx.Commit(context.Background())
+			}()
+			code, out, errOut := runCmd("-dialect", "sqlite", "-dsn", dsn(testdb.SQLiteFile(t)), "-retention", "2d")
+			require.NoError(t, <-released)
+			require.Equal(t, exitOK, code, errOut)
+			require.Contains(t, out, "removed 1 rows from watermill_inbox")
+			require.Equal(t, 1, count(t, db, "watermill_inbox"))
+		})
+	}
 }
