@@ -12,6 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // engine is one configured middleware: everything the guarantee rests on
@@ -96,7 +98,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 		fingerprint = e.config.Fingerprint(msg)
 		if len(fingerprint) > MaxFingerprintLength {
 			ob.Outcome = OutcomeClaimFailed
-			return nil, fmt.Errorf("inbox: the fingerprint of event %s is %d bytes, at most %d allowed (inbox.Config.Fingerprint)", quote(eventID), len(fingerprint), MaxFingerprintLength)
+			return nil, fmt.Errorf("inbox: the fingerprint of event %s is %d bytes, at most %d allowed (inbox.Config.Fingerprint)", errtext.Quote(eventID), len(fingerprint), MaxFingerprintLength)
 		}
 	}
 
@@ -116,7 +118,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 		if errors.Is(err, ErrInFlight) {
 			ob.Outcome = OutcomeInFlight
 		}
-		return nil, fmt.Errorf("inbox: claiming event %s for consumer %q: %w", quote(eventID), consumer, err)
+		return nil, fmt.Errorf("inbox: claiming event %s for consumer %q: %w", errtext.Quote(eventID), consumer, err)
 	}
 	if tx == nil {
 		// A NULL stored fingerprint (claimed before fingerprints were on,
@@ -174,7 +176,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 	}
 	if err := tx.Commit(ctx); err != nil {
 		ob.Outcome = OutcomeCommitFailed
-		return nil, fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", quote(eventID), consumer, err)
+		return nil, fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", errtext.Quote(eventID), consumer, err)
 	}
 	committed = true
 	ob.Outcome = OutcomeProcessed
@@ -202,7 +204,7 @@ func (e *engine) stale(msg *message.Message, consumer, eventID string, ob *Obser
 	switch e.config.StaleEvents {
 	case StaleReject:
 		ob.Outcome = OutcomeStale
-		return true, fmt.Errorf("%w: event %s for consumer %q is %s old, MaxEventAge is %s", ErrStaleEvent, quote(eventID), consumer, age.Round(time.Second), e.config.MaxEventAge)
+		return true, fmt.Errorf("%w: event %s for consumer %q is %s old, MaxEventAge is %s", ErrStaleEvent, errtext.Quote(eventID), consumer, age.Round(time.Second), e.config.MaxEventAge)
 	case StaleSkip:
 		ob.Outcome = OutcomeStale
 		e.config.Logger.Error("Inbox: STALE EVENT SKIPPED, the handler was not called; if it was never processed before, its effect is missing", ErrStaleEvent, fields)
@@ -216,7 +218,7 @@ func (e *engine) stale(msg *message.Message, consumer, eventID string, ob *Obser
 // differs from the original's, and returns the message's result.
 func (e *engine) idReused(msg *message.Message, consumer, eventID string, ob *Observation) error {
 	ob.Outcome = OutcomeIDReused
-	err := fmt.Errorf("%w: event %s for consumer %q was already processed with another fingerprint, so the producer gave one id to two different events (message %s)", ErrEventIDReused, quote(eventID), consumer, msg.UUID)
+	err := fmt.Errorf("%w: event %s for consumer %q was already processed with another fingerprint, so the producer gave one id to two different events (message %s)", ErrEventIDReused, errtext.Quote(eventID), consumer, msg.UUID)
 	switch e.config.OnIDReuse {
 	case IDReuseReject:
 		return err

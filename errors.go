@@ -1,9 +1,6 @@
 package inbox
 
-import (
-	"errors"
-	"fmt"
-)
+import "errors"
 
 // Errors a caller can recognise with errors.Is. Each one means the handler did
 // not run and nothing was written, so the message is nacked and can be retried
@@ -75,12 +72,3 @@ var (
 // errPanicked is the Err of the observation of a handler that panicked; the
 // panic itself goes on unchanged.
 var errPanicked = errors.New("inbox: handler panicked")
-
-// quote quotes s for an error message, cut to a readable length.
-func quote(s string) string {
-	const max = 64
-	if len(s) > max {
-		return fmt.Sprintf("%q...", s[:max])
-	}
-	return fmt.Sprintf("%q", s)
-}

@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // DefaultEventIDMetadataKey is the metadata key DefaultEventID reads first.
@@ -81,7 +83,7 @@ func EventIDFromJSONField(field string) EventIDFunc {
 		if err := dec.Decode(&n); err == nil && !strings.ContainsAny(n.String(), ".eE") {
 			return n.String(), nil
 		}
-		return "", fmt.Errorf("%w: payload field %q is %s, want a string or an integer", ErrInvalidEventID, field, truncate(string(raw)))
+		return "", fmt.Errorf("%w: payload field %q is %s, want a string or an integer", ErrInvalidEventID, field, errtext.Quote(string(raw)))
 	}
 }
 
@@ -94,14 +96,11 @@ func ValidateEventID(id string) error {
 	case id == "":
 		return fmt.Errorf("%w: empty", ErrInvalidEventID)
 	case len(id) > MaxEventIDLength:
-		return fmt.Errorf("%w: %d bytes, at most %d allowed: %s", ErrInvalidEventID, len(id), MaxEventIDLength, quote(id))
+		return fmt.Errorf("%w: %d bytes, at most %d allowed: %s", ErrInvalidEventID, len(id), MaxEventIDLength, errtext.Quote(id))
 	case !utf8.ValidString(id):
-		return fmt.Errorf("%w: not valid UTF-8: %s", ErrInvalidEventID, quote(id))
+		return fmt.Errorf("%w: not valid UTF-8: %s", ErrInvalidEventID, errtext.Quote(id))
 	case strings.IndexByte(id, 0) >= 0:
-		return fmt.Errorf("%w: contains a NUL byte: %s", ErrInvalidEventID, quote(id))
+		return fmt.Errorf("%w: contains a NUL byte: %s", ErrInvalidEventID, errtext.Quote(id))
 	}
 	return nil
 }
-
-// truncate quotes s for an error message, cut to a readable length.
-func truncate(s string) string { return quote(s) }

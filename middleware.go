@@ -11,6 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // MaxConsumerLength is the longest consumer name accepted, in bytes.
@@ -185,14 +187,14 @@ func validateConsumer(name string) error {
 		return ErrNoConsumer
 	}
 	if len(name) > MaxConsumerLength {
-		return fmt.Errorf("consumer name is %d bytes, at most %d allowed: %s", len(name), MaxConsumerLength, quote(name))
+		return fmt.Errorf("consumer name is %d bytes, at most %d allowed: %s", len(name), MaxConsumerLength, errtext.Quote(name))
 	}
 	if !utf8.ValidString(name) {
-		return fmt.Errorf("consumer name is not valid UTF-8: %s", quote(name))
+		return fmt.Errorf("consumer name is not valid UTF-8: %s", errtext.Quote(name))
 	}
 	for _, r := range name {
 		if !unicode.IsPrint(r) {
-			return fmt.Errorf("consumer name contains a non-printable character %U: %s", r, quote(name))
+			return fmt.Errorf("consumer name contains a non-printable character %U: %s", r, errtext.Quote(name))
 		}
 	}
 	return nil

@@ -5,6 +5,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // poisonReasonKey is Watermill's middleware.ReasonForPoisonedKey, the
@@ -62,7 +64,7 @@ func (e *engine) checkHandlerCall(s *session, msg *message.Message, poisonedBefo
 }
 
 func errCalledTwice(s *session, n int32) error {
-	return fmt.Errorf("%w: the handler was called %d times in one inbox transaction (consumer %q, event %s): a middleware between the inbox and the handler repeats calls (Retry, Duplicator); those writes would all commit together", ErrMiswired, n, s.consumer, quote(s.eventID))
+	return fmt.Errorf("%w: the handler was called %d times in one inbox transaction (consumer %q, event %s): a middleware between the inbox and the handler repeats calls (Retry, Duplicator); those writes would all commit together", ErrMiswired, n, s.consumer, errtext.Quote(s.eventID))
 }
 
 type txUse int

@@ -2,11 +2,13 @@ package sqlinbox_test
 
 import (
 	"database/sql"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -29,4 +31,22 @@ func TestNewValidatesConfig(t *testing.T) {
 	require.NoError(t, err, "New must not touch the database")
 	require.Equal(t, sqlinbox.DefaultTable, s.Table())
 	require.Contains(t, s.SchemaSQL(), `CREATE TABLE IF NOT EXISTS "watermill_inbox"`)
+}
+
+// An id refused in UUID mode is quoted as the middleware quotes ids: Go
+// syntax, cut after 64 bytes, the dots outside the quotes.
+func TestCheckEventIDQuotesLikeTheMiddleware(t *testing.T) {
+	t.Parallel()
+	db, err := sql.Open("postgres", "postgres://unused")
+	require.NoError(t, err)
+	defer db.Close()
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, UUIDEventIDs: true})
+	require.NoError(t, err)
+	for _, id := range []string{strings.Repeat("x", inbox.MaxEventIDLength+1), "nul\x00" + strings.Repeat("é", 40)} {
+		_, err := store.CheckEventID(id)
+		require.ErrorIs(t, err, inbox.ErrInvalidEventID)
+		middleware := inbox.ValidateEventID(id).Error()
+		quoted := middleware[strings.LastIndex(middleware, ": ")+2:]
+		require.Contains(t, err.Error(), ": "+quoted+" is not a UUID")
+	}
 }

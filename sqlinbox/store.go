@@ -15,6 +15,7 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/claimsql"
+	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // DefaultTable is the inbox table's name when Config.Table is empty.
@@ -329,7 +330,7 @@ func (s *Store) CheckEventID(id string) (string, error) {
 	}
 	canonical, ok := canonicalUUID(id)
 	if !ok {
-		return "", fmt.Errorf("%w: %q is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), and %s stores UUID event ids", inbox.ErrInvalidEventID, truncated(id), s.table)
+		return "", fmt.Errorf("%w: %s is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), and %s stores UUID event ids", inbox.ErrInvalidEventID, errtext.Quote(id), s.table)
 	}
 	return canonical, nil
 }
@@ -355,13 +356,6 @@ func canonicalUUID(id string) (string, bool) {
 		}
 	}
 	return string(b), true
-}
-
-func truncated(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }
 
 // nullBytes makes a nil slice an untyped nil, which every driver sends as
