@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/claimsql"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -33,7 +32,7 @@ type Store struct {
 	sql   *sqlinbox.Store
 	db    *sql.DB
 	pool  *pgxpool.Pool
-	claim claimsql.Claim
+	claim maintenance.ClaimSQL
 
 	mu       sync.Mutex  // serialises the layout check
 	verified atomic.Bool // set by the first claim that succeeds
@@ -64,7 +63,7 @@ func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	return &Store{sql: s, db: db, pool: pool, claim: s.ClaimSQL()}, nil
+	return &Store{sql: s, db: db, pool: pool, claim: s.Maintenance().ClaimSQL()}, nil
 }
 
 // Pool returns the pool the store claims on.

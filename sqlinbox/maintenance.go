@@ -40,3 +40,22 @@ func (m maintainer) BeginPurge(ctx context.Context) (maintenance.PurgeSession, b
 	}
 	return sess, true, nil
 }
+
+func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
+	s := m.s
+	var verify func(ctx context.Context) error
+	if s.q.verify != nil {
+		verify = func(ctx context.Context) error { return s.q.verify(ctx, s.db, s.q) }
+	}
+	return maintenance.ClaimSQL{
+		Before:       s.q.beforeClaim,
+		CheckBefore:  s.q.checkBeforeClaim,
+		Insert:       s.q.claim,
+		Fingerprints: s.config.Fingerprints,
+		Claimed:      s.claimed,
+		After:        s.q.afterClaim,
+		Fingerprint:  s.q.fingerprint,
+		Classify:     s.dialect.classify,
+		Verify:       verify,
+	}
+}

@@ -1,6 +1,13 @@
 // Package sqlinbox stores inbox claims in a SQL database through database/sql:
 // PostgreSQL (lib/pq or pgx's stdlib), MySQL/MariaDB (go-sql-driver/mysql) and
-// SQLite (modernc.org/sqlite). All of the library's SQL lives in this package.
+// SQLite (modernc.org/sqlite). All of the library's SQL lives in this package;
+// pgxinbox sends the same statements through pgx.
+//
+// It links no database driver: import the one you use, as for any
+// database/sql program. Driver errors are recognised without the drivers'
+// packages (PostgreSQL's by their SQLSTATE method, MySQL's by the error
+// type's shape), so a program built for SQLite carries no PostgreSQL or
+// MySQL driver.
 package sqlinbox
 
 import (
@@ -14,7 +21,6 @@ import (
 	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/claimsql"
 	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
@@ -377,25 +383,4 @@ func (s *Store) claimed(n int64) (bool, error) {
 		return true, nil
 	}
 	return false, fmt.Errorf("sqlinbox: claim affected %d rows, want 0 or 1; is %s really the inbox table?", n, s.table)
-}
-
-// ClaimSQL returns the table's claim for a store that sends it through
-// another driver (pgxinbox.Store). It is for this module's stores only:
-// its type is internal and may change in any release.
-func (s *Store) ClaimSQL() claimsql.Claim {
-	var verify func(ctx context.Context) error
-	if s.q.verify != nil {
-		verify = func(ctx context.Context) error { return s.q.verify(ctx, s.db, s.q) }
-	}
-	return claimsql.Claim{
-		Before:       s.q.beforeClaim,
-		CheckBefore:  s.q.checkBeforeClaim,
-		Insert:       s.q.claim,
-		Fingerprints: s.config.Fingerprints,
-		Claimed:      s.claimed,
-		After:        s.q.afterClaim,
-		Fingerprint:  s.q.fingerprint,
-		Classify:     s.dialect.classify,
-		Verify:       verify,
-	}
 }

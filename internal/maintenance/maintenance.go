@@ -1,6 +1,7 @@
 // Package maintenance is the seam between the inbox stores and the code that
-// looks after an inbox table rather than claiming in it: package purge, and
-// the operator command. A store implements Store in its own package, next to
+// looks after an inbox table rather than claiming in it (package purge, the
+// operator command), or claims in it through another driver with the
+// store's SQL (pgxinbox). A store implements Store in its own package, next to
 // its SQL (sqlinbox today), and hands it out through its one Maintenance
 // method; callers never see the store's types.
 //
@@ -36,6 +37,8 @@ type Store interface {
 	// table's purge lock it returns nil and false without waiting: that
 	// instance is already doing the work.
 	BeginPurge(ctx context.Context) (PurgeSession, bool, error)
+	// ClaimSQL returns the table's claim, for a store on another driver.
+	ClaimSQL() ClaimSQL
 }
 
 // Limits are the longest timeouts a database takes for maintenance

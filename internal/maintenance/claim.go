@@ -1,13 +1,13 @@
-// Package claimsql hands a store on another driver (pgxinbox, on native pgx)
-// the claim of a sqlinbox table: its statements, in the order they run in the
-// claim's transaction, and how to read their results. The SQL text is
-// written once, in sqlinbox, and sent as it is by every driver.
-package claimsql
+package maintenance
 
 import "context"
 
-// Claim is the claim of one inbox table.
-type Claim struct {
+// ClaimSQL is the claim of one inbox table, for a store that sends it through
+// another driver (pgxinbox.Store, on native pgx): its statements, in the
+// order they run in the claim's transaction, and how to read their results.
+// The SQL text is written once, in the store package, and sent as it is by
+// every driver.
+type ClaimSQL struct {
 	// Before, when not empty, runs first, with the consumer and the event
 	// id, and returns one text value that CheckBefore judges (a partitioned
 	// table's lock on the event's key).
