@@ -228,19 +228,29 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 	}
 	var stored []byte
 	if err == nil && fingerprint != nil {
-		err = tx.QueryRowContext(ctx, s.q.fingerprint, consumer, eventID).Scan(&stored)
-		if errors.Is(err, sql.ErrNoRows) { // purged meanwhile
-			err = nil
-		}
-		if err != nil {
-			err = fmt.Errorf("sqlinbox: reading the fingerprint of a duplicate: %w", s.dialect.classify(err))
-		}
+		stored, err = s.storedFingerprint(ctx, tx, consumer, eventID)
 	}
 	_ = tx.Rollback()
 	if err != nil {
 		return nil, nil, err
 	}
 	return nil, stored, nil
+}
+
+// storedFingerprint reads the fingerprint of a duplicate's original; nil
+// when it has none or was purged meanwhile. A function of its own, so that
+// the variable Scan fills escapes to the heap only for duplicates that need
+// it.
+func (s *Store) storedFingerprint(ctx context.Context, tx *sql.Tx, consumer, eventID string) ([]byte, error) {
+	var stored []byte
+	err := tx.QueryRowContext(ctx, s.q.fingerprint, consumer, eventID).Scan(&stored)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sqlinbox: reading the fingerprint of a duplicate: %w", s.dialect.classify(err))
+	}
+	return stored, nil
 }
 
 // CheckFingerprints implements [inbox.FingerprintChecker]: it fails unless
