@@ -76,7 +76,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 	}
 	ob.Consumer = consumer
 	if err := e.checkWiring(msg, consumer); err != nil {
-		ob.Outcome = OutcomeClaimFailed
+		ob.Outcome = OutcomeMiswired
 		return nil, err
 	}
 	eventID, err := e.eventID(msg)
@@ -148,7 +148,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 	hctx := context.WithValue(ctx, sessionKey{}, s)
 	if subscriber.found {
 		if hctx, err = subscriber.standIn(hctx, native(tx)); err != nil {
-			ob.Outcome = OutcomeClaimFailed
+			ob.Outcome = OutcomeMiswired
 			return nil, err
 		}
 		// The handler may take it through the subscriber's accessor,
@@ -165,6 +165,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 		return nil, err
 	}
 	if stop, err := e.checkHandlerCall(s, msg, poisoned); stop {
+		ob.Outcome = OutcomeMiswired
 		return nil, err
 	}
 	if e.config.ProducedPublisher != nil && len(produced) > 0 {

@@ -262,8 +262,9 @@ func TestPoisonQueueInsideTheInbox(t *testing.T) {
 			// collector's claim would wait for SQLite's write lock, held by
 			// the transaction whose PoisonQueue is publishing to it.
 			poisoned := conformance.Collect(t, w.ps, "poison")
+			rec := &recorder{}
 			conformance.RunRouter(t, func(r *message.Router) {
-				mw := w.middleware(t, inbox.Config{})
+				mw := w.middleware(t, inbox.Config{Observer: rec})
 				h := w.handler(failFirst(1))
 				if tc.inside {
 					r.AddMiddleware(middleware.Recoverer, mw, pq)
@@ -281,6 +282,7 @@ func TestPoisonQueueInsideTheInbox(t *testing.T) {
 			replay := copies[0].Copy()
 			logs := w.errorLogs()
 			if tc.inside {
+				require.Equal(t, []inbox.Outcome{inbox.OutcomeMiswired}, rec.outcomes())
 				require.Len(t, logs, 1)
 				require.ErrorIs(t, logs[0].Err, inbox.ErrMiswired)
 				require.Contains(t, logs[0].Msg, "PoisonQueue")

@@ -23,9 +23,13 @@ const (
 	// the store's claim timeout (ErrInFlight); the message is retried.
 	OutcomeInFlight Outcome = "in_flight"
 	// OutcomeClaimFailed: the claim could not be made (database down,
-	// table missing) or the middleware refused a miswired message
-	// (ErrMiswired); nothing ran.
+	// table missing); nothing ran.
 	OutcomeClaimFailed Outcome = "claim_failed"
+	// OutcomeMiswired: the middleware is wired so that it cannot keep its
+	// guarantee for this message, and refused it ([ErrMiswired],
+	// [ErrSubscriberTx]) or rolled it back (a PoisonQueue inside the inbox
+	// took it). The database is fine: the wiring needs fixing.
+	OutcomeMiswired Outcome = "miswired"
 	// OutcomeRolledBack: the handler returned an error, panicked, or the
 	// in-transaction publish failed; its writes and the claim rolled back.
 	OutcomeRolledBack Outcome = "rolled_back"

@@ -109,5 +109,6 @@ func ExampleRules() {
 	// - alert: WatermillInboxPurgeFailing
 	// - alert: WatermillInboxStaleEvents
 	// - alert: WatermillInboxEventIDReused
+	// - alert: WatermillInboxMiswired
 	// - alert: WatermillInboxUnkeyedMessages
 }

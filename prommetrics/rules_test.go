@@ -319,6 +319,16 @@ func scrapeEveryOutcome(t *testing.T, namespace string) scrape {
 	close(release)
 	require.Equal(t, inbox.OutcomeProcessed, seen.next(t).Outcome)
 
+	// The inbox applied twice to one message: the inner one refuses it.
+	twice, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "twice", Observer: inbox.Observers(metrics, seen)})
+	require.NoError(t, err)
+	msg := message.NewMessage(watermill.NewUUID(), nil)
+	msg.Metadata.Set(inbox.DefaultEventIDMetadataKey, "e7")
+	_, err = twice(twice(func(*message.Message) ([]*message.Message, error) { return nil, nil }))(msg)
+	require.ErrorIs(t, err, inbox.ErrMiswired)
+	require.Equal(t, inbox.OutcomeMiswired, seen.next(t).Outcome)
+	require.Equal(t, inbox.OutcomeRolledBack, seen.next(t).Outcome)
+
 	// A round that is done, one that skips because it runs while the first
 	// still logs, and one that fails on a table that does not exist.
 	logger := &blockingLogger{logging: make(chan struct{}), release: make(chan struct{})}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,11 +16,31 @@ import (
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
-// outcomes records every observed outcome, in order.
-type outcomes struct{ got []inbox.Outcome }
+// outcomes records every observed outcome, in order, from any goroutine.
+type outcomes struct {
+	mu  sync.Mutex
+	got []inbox.Outcome
+}
 
 func (o *outcomes) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(ob inbox.Observation) { o.got = append(o.got, ob.Outcome) }
+	return ctx, func(ob inbox.Observation) {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		o.got = append(o.got, ob.Outcome)
+	}
+}
+
+// count returns how many times outcome was observed.
+func (o *outcomes) count(outcome inbox.Outcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, got := range o.got {
+		if got == outcome {
+			n++
+		}
+	}
+	return n
 }
 
 func payloadMsg(id, payload string) *message.Message {

@@ -134,8 +134,9 @@ func testFixedConsumerFromTwoHandlers(t *testing.T, target Target) {
 			b := setup(t, target)
 			ps := pubsub()
 			errs := make(chan error, 10)
+			obs := &outcomes{}
 			RunRouter(t, func(r *message.Router) {
-				r.AddMiddleware(ErrorsTo(errs), b.middleware(t, inbox.Config{Consumer: "billing", ShareConsumer: share}))
+				r.AddMiddleware(ErrorsTo(errs), b.middleware(t, inbox.Config{Consumer: "billing", ShareConsumer: share, Observer: obs}))
 				r.AddHandler("invoicing", "orders", ps, "", nil, b.handler(nil))
 				r.AddHandler("analytics", "clicks", ps, "", nil, b.handler(nil))
 			})
@@ -153,6 +154,7 @@ func testFixedConsumerFromTwoHandlers(t *testing.T, target Target) {
 				return
 			}
 			require.Len(t, got, 2)
+			require.Equal(t, 2, obs.count(inbox.OutcomeMiswired), "metrics tell a wiring mistake from a failing database")
 			for _, err := range got {
 				require.ErrorIs(t, err, inbox.ErrMiswired)
 				require.ErrorContains(t, err, `handlers "invoicing" and "analytics" both reach the fixed consumer "billing"`)
