@@ -370,7 +370,16 @@ func testSwallowedStatementError(t *testing.T, target Target) {
 // returned release is called with the handler's result.
 func holdClaim(t *testing.T, b *bundle, mw message.HandlerMiddleware, id string) (release func(error), done <-chan error) {
 	entered := make(chan struct{})
-	result := make(chan error)
+	result := make(chan error, 1)
+	// A test that fails before releasing the claim would otherwise leave it
+	// held, and the cleanup dropping the table would wait for its lock
+	// forever: release it first (cleanups run last registered first).
+	t.Cleanup(func() {
+		select {
+		case result <- errors.New("the test ended without releasing the claim"):
+		default:
+		}
+	})
 	out := deliverAsync(mw, func(msg *message.Message) ([]*message.Message, error) {
 		if err := b.writeEffect(msg); err != nil {
 			return nil, err
