@@ -8,7 +8,7 @@
 // when the inbox middleware sees it, and the parent of the handler's spans
 // (the observer's context becomes the handler's). A producer's trace usually
 // travels in the message metadata (a "traceparent" Kafka header becomes
-// metadata through watermill-kafka's marshaler): put ContextFromMetadata
+// metadata through watermill-kafka's marshaler): put [ContextFromMetadata]
 // outside the inbox middleware to join it.
 //
 // It lives in its own package so that only programs importing it link the
@@ -33,8 +33,8 @@ import (
 const ScopeName = "github.com/watermill-inbox/inbox/otelinbox"
 
 // Attribute keys set on the message span (consumer, event id, outcome,
-// duplicate, stale for an event older than inbox.Config.MaxEventAge, and
-// after_commit_failed when an inbox.AfterCommit hook failed) and on the
+// duplicate, stale for an event older than [inbox.Config].MaxEventAge, and
+// after_commit_failed when an [inbox.AfterCommit] hook failed) and on the
 // claim span (consumer, event id, duplicate).
 const (
 	AttrConsumer          = attribute.Key("inbox.consumer")
@@ -45,10 +45,10 @@ const (
 	AttrAfterCommitFailed = attribute.Key("inbox.after_commit_failed")
 )
 
-// Config configures New.
+// Config configures [New].
 type Config struct {
-	// TracerProvider creates the tracer. Defaults to otel.GetTracerProvider(),
-	// read once in New.
+	// TracerProvider creates the tracer. Defaults to
+	// [otel.GetTracerProvider], read once in [New].
 	TracerProvider trace.TracerProvider
 
 	// OmitEventID leaves the event id off the spans, for ids that must not
@@ -57,7 +57,7 @@ type Config struct {
 	OmitEventID bool
 }
 
-// Tracer is an inbox.Observer that records spans.
+// Tracer is an [inbox.Observer] that records spans.
 type Tracer struct {
 	tracer      trace.Tracer
 	omitEventID bool
@@ -74,9 +74,9 @@ func New(config Config) *Tracer {
 	return &Tracer{tracer: tp.Tracer(ScopeName), omitEventID: config.OmitEventID}
 }
 
-// Start implements inbox.Observer. The span is named "inbox" at first and
+// Start implements [inbox.Observer]. The span is named "inbox" at first and
 // renamed "inbox <consumer>" when the consumer is known, as the message
-// leaves: the consumer may be the handler name or Config.Consumer, which only
+// leaves: the consumer may be the handler name or [inbox.Config].Consumer, which only
 // the middleware knows.
 func (t *Tracer) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
 	ctx, span := t.tracer.Start(ctx, "inbox", trace.WithSpanKind(trace.SpanKindConsumer))
@@ -133,7 +133,7 @@ func setError(span trace.Span, err error) {
 // becomes the parent of the inbox span. A span already in the message
 // context (from an instrumented subscriber) wins over the metadata. Add it
 // before the inbox middleware. A nil propagator means
-// otel.GetTextMapPropagator(), read per message.
+// [otel.GetTextMapPropagator], read per message.
 func ContextFromMetadata(propagator propagation.TextMapPropagator) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
