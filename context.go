@@ -33,7 +33,7 @@ func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 // claim as its [Store] made it, for a store's own typed accessor (such as
 // pgxinbox.TxFromContext); handlers call that accessor, or [TxFromContext].
 // Like them, it counts as the handler taking the transaction.
-func StoreTxFromContext(ctx context.Context) (Tx, bool) {
+func StoreTxFromContext(ctx context.Context) (StoreTx, bool) {
 	s := sessionFrom(ctx)
 	if s == nil {
 		return nil, false

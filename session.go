@@ -11,7 +11,7 @@ import (
 // session is what the middleware puts in the message context for the
 // duration of one handler call.
 type session struct {
-	tx       Tx // the claim's transaction, as the store made it
+	tx       StoreTx // the claim's transaction, as the store made it
 	consumer string
 	eventID  string
 
@@ -20,7 +20,7 @@ type session struct {
 	ended bool
 
 	msg         *message.Message // the message the session was opened for
-	txTaken     atomic.Bool      // the handler asked for Tx
+	txTaken     atomic.Bool      // the handler asked for the transaction
 	txNotNeeded atomic.Bool      // the handler declared it writes nothing in SQL
 	calls       atomic.Int32     // handler calls through inbox.Handler
 }

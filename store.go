@@ -19,23 +19,23 @@ type Store interface {
 	//
 	// For a new claim it returns the open transaction: the middleware runs
 	// the handler in it, then commits or rolls back. For a duplicate it
-	// rolls its transaction back itself and returns a nil Tx and, when
+	// rolls its transaction back itself and returns a nil StoreTx and, when
 	// fingerprint is not nil, the fingerprint stored with the original (nil
 	// for none). On error the transaction is already rolled back; errors
 	// that mean "retry later" wrap [ErrInFlight].
-	Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (tx Tx, stored []byte, err error)
+	Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (tx StoreTx, stored []byte, err error)
 }
 
-// Tx is the transaction of a new claim, as its store made it: a pgx.Tx for
+// StoreTx is the transaction of a new claim, as its store made it: a pgx.Tx for
 // [pgxinbox.Store], an [SQLTx] for stores on database/sql.
 //
 // [pgxinbox.Store]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#Store
-type Tx interface {
+type StoreTx interface {
 	Commit(ctx context.Context) error
 	Rollback(ctx context.Context) error
 }
 
-// SQLTx is a *sql.Tx as a [Tx], for stores on database/sql: [TxFromContext]
+// SQLTx is a *sql.Tx as a [StoreTx], for stores on database/sql: [TxFromContext]
 // hands the handler the *sql.Tx inside. Its Commit and Rollback take a
 // context, which database/sql's do not use.
 type SQLTx struct{ *sql.Tx }
@@ -48,7 +48,7 @@ func (t SQLTx) Rollback(context.Context) error { return t.Tx.Rollback() }
 
 // native returns what a handler writes through: the *sql.Tx inside an
 // [SQLTx], else the store's transaction itself.
-func native(tx Tx) any {
+func native(tx StoreTx) any {
 	if t, ok := tx.(SQLTx); ok {
 		return t.Tx
 	}

@@ -11,6 +11,6 @@ import (
 // nopStore satisfies inbox.Store for configuration tests that never claim.
 type nopStore struct{}
 
-func (nopStore) Claim(context.Context, *sql.TxOptions, string, string, []byte) (inbox.Tx, []byte, error) {
+func (nopStore) Claim(context.Context, *sql.TxOptions, string, string, []byte) (inbox.StoreTx, []byte, error) {
 	return nil, nil, errors.New("nopStore does not claim")
 }

@@ -110,7 +110,7 @@ func (s *Store) Close() error {
 // a partitioned table. For a duplicate or an error the transaction is
 // already rolled back and its connection back in the pool; for a duplicate
 // with a fingerprint, reading the original's costs one more round trip.
-func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.Tx, []byte, error) {
+func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.StoreTx, []byte, error) {
 	if fingerprint != nil {
 		if err := s.CheckFingerprints(); err != nil {
 			return nil, nil, err

@@ -208,7 +208,7 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 // statement later, under READ COMMITTED; in the same snapshot under
 // REPEATABLE READ, where the claim sees only rows it can read), then rolls
 // back.
-func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.Tx, []byte, error) {
+func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.StoreTx, []byte, error) {
 	if fingerprint != nil {
 		if err := s.CheckFingerprints(); err != nil {
 			return nil, nil, err
