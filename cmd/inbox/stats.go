@@ -133,7 +133,7 @@ func printStats(w io.Writer, store *sqlinbox.Store, db *database, st maintenance
 		from, to := "", ""
 		switch {
 		case p.Default:
-			from = "default: what no other partition takes"
+			from = "(default)"
 		case !p.From.IsZero():
 			from, to = p.From.Format(timeLayout), p.To.Format(timeLayout)
 		}
