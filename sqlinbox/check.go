@@ -15,7 +15,7 @@ import (
 // read-only user can run it.
 func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableCheck, error) {
 	const doing = "checking"
-	q, _, err := m.queries()
+	q, err := m.queries()
 	if err != nil {
 		return maintenance.TableCheck{}, err
 	}
@@ -205,7 +205,7 @@ func (m maintainer) partitionsFinding(ctx context.Context, q maintenanceQueries,
 // add a column IF NOT EXISTS, so the others look first.
 func (m maintainer) AddFingerprintColumn(ctx context.Context) (bool, error) {
 	const doing = "adding the fingerprint column to"
-	q, _, err := m.queries()
+	q, err := m.queries()
 	if err != nil {
 		return false, err
 	}

@@ -19,7 +19,7 @@ const forgetBatch = 500
 // Claims implements maintenance.Store.
 func (m maintainer) Claims(ctx context.Context, f maintenance.ClaimFilter) ([]maintenance.Claim, error) {
 	const doing = "listing the claims of"
-	q, _, err := m.queries()
+	q, err := m.queries()
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func (m maintainer) Claims(ctx context.Context, f maintenance.ClaimFilter) ([]ma
 //     have no row.
 //   - SQLite: the database's one write lock.
 func (m maintainer) Forget(ctx context.Context, consumer string, eventIDs []string) ([]maintenance.Claim, error) {
-	q, _, err := m.queries()
+	q, err := m.queries()
 	if err != nil {
 		return nil, err
 	}

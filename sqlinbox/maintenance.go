@@ -143,12 +143,12 @@ func placeholders(ph func(i int) string, first, n int) string {
 	return b.String()
 }
 
-func (m maintainer) queries() (maintenanceQueries, maintenanceDialect, error) {
+func (m maintainer) queries() (maintenanceQueries, error) {
 	md, ok := m.s.dialect.(maintenanceDialect)
 	if !ok {
-		return maintenanceQueries{}, nil, fmt.Errorf("sqlinbox: the %s dialect has no maintenance operations", m.s.dialect)
+		return maintenanceQueries{}, fmt.Errorf("sqlinbox: the %s dialect has no maintenance operations", m.s.dialect)
 	}
-	return md.maintenanceQueries(m.s.table, m.s.config), md, nil
+	return md.maintenanceQueries(m.s.table, m.s.config), nil
 }
 
 func (m maintainer) fail(doing string, err error) error { return m.s.maintenanceErr(doing, err) }

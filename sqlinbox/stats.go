@@ -14,7 +14,7 @@ import (
 // come from the catalog.
 func (m maintainer) Stats(ctx context.Context) (maintenance.Stats, error) {
 	const doing = "reading the statistics of"
-	q, _, err := m.queries()
+	q, err := m.queries()
 	if err != nil {
 		return maintenance.Stats{}, err
 	}
@@ -120,7 +120,7 @@ func (m maintainer) partitionStats(ctx context.Context, q maintenanceQueries) ([
 
 // Consumers implements maintenance.Store.
 func (m maintainer) Consumers(ctx context.Context) ([]string, error) {
-	q, _, err := m.queries()
+	q, err := m.queries()
 	if err != nil {
 		return nil, err
 	}

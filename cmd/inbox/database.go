@@ -152,7 +152,7 @@ func (d *database) connectTable(ctx context.Context) (*sqlinbox.Store, *sql.DB, 
 // explain adds to a database error what to do about it.
 func explain(err error, table, needs string) error {
 	if errors.Is(err, maintenance.ErrReadOnly) {
-		return fmt.Errorf("%w\nthe database refused to write: the user needs %s on %s, and the database must not be read-only (a replica, SQLite's mode=ro); connect as a user that may", err, needs, table)
+		return fmt.Errorf("%w\nthe user needs %s on %s, and the database must not be read-only (a replica, SQLite's mode=ro): connect as a user that may write", err, needs, table)
 	}
 	return err
 }

@@ -128,10 +128,13 @@ func runForget(ctx context.Context, fs *flag.FlagSet, args []string, stdout, std
 		return nil
 	}
 	removed, err := m.Forget(ctx, *consumer, forget)
+	if err != nil && len(removed) == 0 {
+		return explain(err, store.Table(), "DELETE (and on PostgreSQL INSERT)")
+	}
 	fmt.Fprintf(stdout, "removed %s of consumer %s from %s:\n", count(len(removed), "claim"), showValue(*consumer), store.Table())
 	printClaims(stdout, removed)
 	if err != nil {
-		return explain(err, store.Table(), "DELETE (and on PostgreSQL INSERT)")
+		return fmt.Errorf("removed %s, then failed: %w", count(len(removed), "claim"), explain(err, store.Table(), "DELETE (and on PostgreSQL INSERT)"))
 	}
 	printNotFound(stdout, filter.EventIDs, removed)
 	fmt.Fprintln(stdout, "the next copy of these events will be processed again")

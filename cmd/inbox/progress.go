@@ -19,7 +19,6 @@ const progressEvery = 250 * time.Millisecond
 type progress struct {
 	w     io.Writer
 	table string
-	now   func() time.Time
 
 	mu              sync.Mutex
 	began, drawn    time.Time
@@ -39,10 +38,19 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
+// counting says that the expired rows are being counted, which takes a
+// while on a large table.
+func (p *progress) counting() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.w, "\rpurging %s: counting the expired rows\x1b[K", p.table)
+	p.onScreen = true
+}
+
 func (p *progress) start(expected int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.began, p.expected = p.now(), expected
+	p.began, p.expected = time.Now(), expected
 	p.draw()
 }
 
@@ -52,7 +60,7 @@ func (p *progress) batch(n int64) {
 	defer p.mu.Unlock()
 	p.done += n
 	p.dirty = true
-	if p.now().Sub(p.drawn) >= progressEvery {
+	if time.Since(p.drawn) >= progressEvery {
 		p.draw()
 	}
 }
@@ -86,7 +94,7 @@ func (p *progress) endLine() {
 }
 
 func (p *progress) draw() {
-	now := p.now()
+	now := time.Now()
 	elapsed := now.Sub(p.began)
 	line := fmt.Sprintf("purging %s: %d", p.table, p.done)
 	if p.done <= p.expected {

@@ -55,7 +55,7 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	var bar *progress
 	logOut := stderr
 	if *showProgress && !*loop && !*dryRun {
-		bar = &progress{w: stderr, table: store.Table(), now: time.Now}
+		bar = &progress{w: stderr, table: store.Table()}
 		logOut = bar // a log line ends the progress line first
 	}
 	config := purge.Config{
@@ -89,6 +89,9 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 
 	switch {
 	case *dryRun || bar != nil:
+		if bar != nil {
+			bar.counting()
+		}
 		counts, err := p.DryRun(ctx)
 		if errors.Is(err, purge.ErrSkipped) {
 			fmt.Fprintf(stdout, "another purge of %s is running; skipped\n", store.Table())

@@ -61,7 +61,7 @@ func TestPurgeProgress(t *testing.T) {
 		code, out, errOut := f.run(t, "purge", "-retention", "2d", "-batch", "100", "-progress")
 		require.Equal(t, exitOK, code, errOut)
 		require.Contains(t, out, "removed 45 rows")
-		require.Contains(t, errOut, "\rpurging "+f.table+": 0 of about 45 rows (0%)\x1b[K")
+		require.Contains(t, errOut, "\rpurging "+f.table+": counting the expired rows\x1b[K\rpurging "+f.table+": 0 of about 45 rows (0%)\x1b[K")
 		require.Regexp(t, `\rpurging `+f.table+`: 45 of about 45 rows \(100%\), \d+ rows/s\x1b\[K\n[^\r]*Inbox purge round done`, errOut)
 	})
 }
@@ -111,8 +111,20 @@ func TestPurgeReadOnlyUser(t *testing.T) {
 		code, _, errOut = runCmd(append([]string{"purge"}, ro...)...)
 		require.Equal(t, exitFailed, code, errOut)
 		require.Contains(t, errOut, "removed 0 rows, then failed")
-		require.Contains(t, errOut, "the database refused to write: the user needs DELETE")
+		require.Contains(t, errOut, "\nthe user needs DELETE")
 		require.Equal(t, map[string]int{"billing": 42, "mailer": 5}, f.rows(t))
+	})
+}
+
+// A table that does not exist, and a database that does not answer.
+func TestPurgeNoTable(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := setup(t, tg)
+		code, _, errOut := f.run(t, "purge", "-retention", "2d", "-table", "missing_table")
+		require.Equal(t, exitFailed, code)
+		require.Contains(t, errOut, "missing_table does not exist in this database: create it with inbox schema -apply")
+		code, _, errOut = runCmd("purge", "-dialect", tg.dialect, "-dsn", unreachable(tg), "-retention", "2d")
+		require.Equal(t, exitConnect, code, errOut)
 	})
 }
 

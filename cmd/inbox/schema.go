@@ -74,6 +74,14 @@ func applySchema(ctx context.Context, store *sqlinbox.Store, ahead int, stdout i
 		fmt.Fprintf(stdout, "%s already matches the configuration; nothing to do\n", store.Table())
 		return nil
 	}
+	// Only a missing fingerprint column or missing partitions are added to
+	// an existing table; anything else means another configuration.
+	for _, f := range before.Findings {
+		if !f.OK && f.Aspect != maintenance.AspectFingerprint && f.Aspect != maintenance.AspectPartitions {
+			printFindings(stdout, before.Findings)
+			return errMismatch
+		}
+	}
 	if !before.Exists {
 		if err := store.CreateSchema(ctx); err != nil {
 			return fmt.Errorf("%w\nthe user needs the privilege to create tables; or apply the DDL of inbox schema with your migration tool", err)
@@ -97,10 +105,12 @@ func applySchema(ctx context.Context, store *sqlinbox.Store, ahead int, stdout i
 	}
 	if !after.OK() {
 		printFindings(stdout, after.Findings)
-		return errors.New("the table does not match the configuration, and applying the schema does not change an existing table: check the flags against the table as created (inbox check says more)")
+		return errMismatch
 	}
 	return nil
 }
+
+var errMismatch = errors.New("the table does not match the configuration, and applying the schema does not change an existing table: check the flags against the table as created (inbox check says more)")
 
 // createPartitions makes the partitions of now and the next ahead periods,
 // as a purge round would.

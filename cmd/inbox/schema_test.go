@@ -78,6 +78,16 @@ func TestSchemaApply(t *testing.T) {
 		require.Equal(t, exitOK, code, errOut)
 		require.Equal(t, table+" already matches the configuration; nothing to do\n", out)
 
+		if tg.dialect != "sqlite" { // SQLite keeps UUIDs as text
+			code, out, errOut = f.run(t, "schema", "-apply", "-uuid-event-ids", "-fingerprints")
+			require.Equal(t, exitFailed, code)
+			require.Contains(t, out, "FAIL  columns: ")
+			require.Contains(t, errOut, "the table does not match the configuration, and applying the schema does not change an existing table")
+			code, out, _ = f.run(t, "check", "-fingerprints")
+			require.Equal(t, exitFailed, code, "a table made for another configuration is left as it was")
+			require.Contains(t, out, "FAIL  fingerprint column: none")
+		}
+
 		code, out, errOut = f.run(t, "schema", "-apply", "-fingerprints")
 		require.Equal(t, exitOK, code, errOut)
 		require.Equal(t, "added the fingerprint column to "+table+"\n", out)
@@ -87,12 +97,6 @@ func TestSchemaApply(t *testing.T) {
 		require.Equal(t, exitOK, code, errOut)
 		require.Equal(t, table+" already has the fingerprint column\n", out)
 
-		if tg.dialect != "sqlite" { // SQLite keeps UUIDs as text
-			code, out, errOut = f.run(t, "schema", "-apply", "-uuid-event-ids")
-			require.Equal(t, exitFailed, code)
-			require.Contains(t, out, "FAIL  columns: ")
-			require.Contains(t, errOut, "the table does not match the configuration, and applying the schema does not change an existing table")
-		}
 
 		ro := tg.readOnly(t, db, table)
 		code, out, errOut = runCmd("schema", "-apply", "-dialect", tg.dialect, "-dsn", ro, "-table", table)
