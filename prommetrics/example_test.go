@@ -106,6 +106,7 @@ func ExampleRules() {
 	// - alert: WatermillInboxHighRollbackRatio
 	// - alert: WatermillInboxInFlightSurge
 	// - alert: WatermillInboxPurgeStopped
+	// - alert: WatermillInboxTableUnreadable
 	// - alert: WatermillInboxPurgeFailing
 	// - alert: WatermillInboxStaleEvents
 	// - alert: WatermillInboxEventIDReused

@@ -38,17 +38,24 @@ func TestWatchOldest(t *testing.T) {
 
 	require.Error(t, f.metrics.WatchOldest(f.store), "one gauge per table")
 
-	// A table that does not exist fails the scrape, with the reason.
+	// A table that cannot be read reports it in oldest_row_up, and the
+	// scrape succeeds.
 	missing, err := sqlinbox.New(f.store.DB(), sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: f.store.Table() + "_missing"})
 	require.NoError(t, err)
 	require.NoError(t, f.metrics.WatchOldest(missing))
-	_, err = f.reg.Gather()
-	require.ErrorContains(t, err, "does not exist")
+	const up = "watermill_inbox_oldest_row_up"
+	require.NoError(t, testutil.GatherAndCompare(f.reg, strings.NewReader(fmt.Sprintf(`
+# HELP %[1]s 1 when this scrape read the inbox table's oldest row, 0 when the read failed (database unreachable, table missing, no privilege).
+# TYPE %[1]s gauge
+%[1]s{table=%[2]q} 1
+%[1]s{table=%[3]q} 0
+`, up, f.store.Table(), missing.Table())), up))
 }
 
-// While the database is down the oldest claim cannot be read: the default
-// handler then serves no metric at all, ContinueOnError still serves the
-// claim failures the rules alert on (what WatchOldest's doc advises).
+// While the database is down the oldest claim cannot be read, and the
+// scrape still succeeds with promhttp's default options: the claim failures
+// the rules alert on reach Prometheus, and oldest_row_up says the read
+// failed. A failed read used to fail the whole scrape with HTTP 500.
 func TestWatchOldestDuringOutage(t *testing.T) {
 	t.Parallel()
 	db := testdb.SQLite(t)
@@ -71,11 +78,11 @@ func TestWatchOldestDuringOutage(t *testing.T) {
 		return rec.Code, rec.Body.String()
 	}
 	const failed = `watermill_inbox_messages_total{consumer="c",outcome="claim_failed"} 1`
-	code, body := serve(promhttp.HandlerOpts{})
-	require.Equal(t, http.StatusInternalServerError, code)
-	require.NotContains(t, body, failed)
-	code, body = serve(promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
-	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, failed)
-	require.NotContains(t, body, "oldest_row_timestamp_seconds{")
+	for _, opts := range []promhttp.HandlerOpts{{}, {ErrorHandling: promhttp.ContinueOnError}} {
+		code, body := serve(opts)
+		require.Equal(t, http.StatusOK, code, body)
+		require.Contains(t, body, failed)
+		require.Contains(t, body, `watermill_inbox_oldest_row_up{table="watermill_inbox"} 0`)
+		require.NotContains(t, body, "oldest_row_timestamp_seconds{")
+	}
 }

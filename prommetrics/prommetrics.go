@@ -195,24 +195,32 @@ type OldestClaimer interface {
 // OldestTimeout bounds the query WatchOldest runs on every scrape.
 const OldestTimeout = 5 * time.Second
 
-// WatchOldest registers the gauge oldest_row_timestamp_seconds{table}: when
-// the oldest row still in store's table was claimed, as Unix seconds, read
-// on every scrape (one index entry). Its age is time() - the gauge; alert
-// when it exceeds the purge retention by a margin, which means the purge
-// does not run or cannot keep up. An empty table has no sample; a failed
-// query fails the scrape of this metric, with the error. Call it once per
-// table.
+// WatchOldest registers two gauges for store's table, read on every
+// scrape with one query (one index entry):
 //
-// Serve the registry with promhttp.HandlerOpts{ErrorHandling:
-// promhttp.ContinueOnError}: under the default, HTTPErrorOnError, a failed
-// query fails the whole scrape, so a database outage also hides the claim
-// failures that would have raised an alert.
+//   - oldest_row_timestamp_seconds{table}: when the oldest row still in
+//     the table was claimed, as Unix seconds. Its age is time() - the
+//     gauge; alert when it exceeds the purge retention by a margin, which
+//     means the purge does not run or cannot keep up. An empty table, or a
+//     failed read, has no sample.
+//   - oldest_row_up{table}: 1 when the read succeeded, 0 when it failed
+//     (the database unreachable, the table missing, the user not allowed
+//     to read it).
+//
+// A failed read does not fail the scrape: with promhttp's default
+// HandlerOpts an error would answer the whole scrape with HTTP 500, and
+// during a database outage the claim failures that should raise an alert
+// would not reach Prometheus either. Call it once per table.
 func (m *Metrics) WatchOldest(store OldestClaimer) error {
+	labels := prometheus.Labels{"table": store.Table()}
 	c := &oldestCollector{
 		store: store,
-		desc: prometheus.NewDesc(prometheus.BuildFQName(m.namespace, "", "oldest_row_timestamp_seconds"),
+		oldest: prometheus.NewDesc(prometheus.BuildFQName(m.namespace, "", "oldest_row_timestamp_seconds"),
 			"When the oldest row still in the inbox table was claimed (database clock), as Unix seconds; time() minus it is the oldest row's age.",
-			nil, prometheus.Labels{"table": store.Table()}),
+			nil, labels),
+		up: prometheus.NewDesc(prometheus.BuildFQName(m.namespace, "", "oldest_row_up"),
+			"1 when this scrape read the inbox table's oldest row, 0 when the read failed (database unreachable, table missing, no privilege).",
+			nil, labels),
 	}
 	if err := m.reg.Register(c); err != nil {
 		return fmt.Errorf("prommetrics: registering the oldest row gauge of %s: %w", store.Table(), err)
@@ -221,20 +229,25 @@ func (m *Metrics) WatchOldest(store OldestClaimer) error {
 }
 
 type oldestCollector struct {
-	store OldestClaimer
-	desc  *prometheus.Desc
+	store      OldestClaimer
+	oldest, up *prometheus.Desc
 }
 
-func (c *oldestCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *oldestCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.oldest
+	ch <- c.up
+}
 
 func (c *oldestCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), OldestTimeout)
 	defer cancel()
 	oldest, ok, err := c.store.OldestClaim(ctx)
+	up := 1.0
 	switch {
 	case err != nil:
-		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		up = 0
 	case ok:
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(oldest.UnixNano())/1e9)
+		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, float64(oldest.UnixNano())/1e9)
 	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
 }

@@ -4,7 +4,8 @@ import _ "embed" // Rules
 
 // Rules is a Prometheus rule file for these metrics: recording rules, and
 // alerts on failing claims, rollbacks, racing copies, a purge that stopped
-// or fails, stale events, reused ids and messages without an id, each with a
+// or fails, a table that cannot be read, stale events, reused ids and
+// messages without an id, each with a
 // runbook in the repository's docs/operations.md. Write it to a file listed
 // under rule_files, or put its groups in the spec of a kube-prometheus
 // PrometheusRule.

@@ -69,7 +69,8 @@ func TestPartitionsCreatedAndDropped(t *testing.T) {
 	require.Equal(t, []string{p10, p5, p2}, partitions(t, b.store))
 
 	logs := watermill.NewCaptureLogger()
-	p := b.purger(t, purge.Config{Retention: 3 * day, PartitionsAhead: 2, Logger: logs})
+	var batches []int64
+	p := b.purger(t, purge.Config{Retention: 3 * day, PartitionsAhead: 2, Logger: logs, OnBatch: func(n int64) { batches = append(batches, n) }})
 	counts, err := p.DryRun(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, map[string]int64{"billing": 157, "mailer": 20}, counts)
@@ -78,6 +79,9 @@ func TestPartitionsCreatedAndDropped(t *testing.T) {
 	deleted, err := p.PurgeOnce(context.Background())
 	require.NoError(t, err)
 	require.EqualValues(t, 177, deleted)
+	// The two dropped partitions, oldest first, then the default
+	// partition's expired rows.
+	require.Equal(t, []int64{120, 50, 7}, batches)
 	require.Equal(t, map[string]int64{"billing": 33}, b.rows(t))
 	tomorrow := b.table + "_p" + dbDay(t, b.db, -day).Format("20060102")
 	after := b.table + "_p" + dbDay(t, b.db, -2*day).Format("20060102")

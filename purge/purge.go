@@ -16,7 +16,7 @@
 // creates partitions ahead of time and drops whole expired partitions.
 //
 //	p, err := purge.New(store, purge.Config{Retention: 14 * 24 * time.Hour, Logger: logger})
-//	go p.Run(ctx) // or: deleted, err := p.PurgeOnce(ctx) from cron (cmd/inbox-purge)
+//	go p.Run(ctx) // or: deleted, err := p.PurgeOnce(ctx) from cron (inbox purge, cmd/inbox)
 package purge
 
 import (
@@ -67,7 +67,7 @@ const (
 // ErrSkipped is returned by PurgeOnce and DryRun when another purge of the
 // same table holds the purge lock (in this or another process). Nothing was
 // done, and nothing needs doing: that purge is doing the work. Run and
-// cmd/inbox-purge treat it as success.
+// the inbox command (inbox purge) treat it as success.
 //
 // Test for it with errors.Is. Its type also has a method Skipped() bool
 // that returns true, for code that must not import this package (and the
@@ -151,6 +151,12 @@ type Config struct {
 	// such as a prommetrics.Metrics' ObservePurge with the table bound.
 	// Defaults to nil.
 	OnRound func(deleted int64, took time.Duration, err error)
+
+	// OnBatch, when set, is called after each batch of deletes and each
+	// dropped partition, with the rows it removed, from the goroutine
+	// running the round, which waits for it: the hook for a progress
+	// display, such as the inbox command's on a terminal. Defaults to nil.
+	OnBatch func(deleted int64)
 
 	// Logger receives one line per round (rows deleted, duration,
 	// partitions created and dropped) and errors of Run's rounds.
@@ -368,6 +374,9 @@ func (p *Purger) deleteScope(ctx context.Context, sess maintenance.PurgeSession,
 		default:
 			r.batches++
 			r.deleted += n
+			if p.config.OnBatch != nil {
+				p.config.OnBatch(n)
+			}
 			if n < int64(p.batch) {
 				return nil
 			}
@@ -437,6 +446,9 @@ func (p *Purger) dropExpired(ctx context.Context, sess maintenance.PurgeSession,
 		}
 		r.dropped = append(r.dropped, part.Name)
 		r.droppedRows += rows
+		if p.config.OnBatch != nil {
+			p.config.OnBatch(rows)
+		}
 		p.config.Logger.Info("Inbox partition dropped", watermill.LogFields{"table": p.store.Table(), "partition": part.Name, "rows": rows, "duration": time.Since(start).String()})
 	}
 	return nil

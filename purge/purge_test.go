@@ -278,10 +278,13 @@ func TestDeletesOnlyExpiredRows(t *testing.T) {
 		b.seed(t, "mailer", "old-", 50, 30*day)
 		b.seed(t, "mailer", "young-", 7, time.Hour)
 
-		p := b.purger(t, purge.Config{Retention: day, BatchSize: 500})
+		var batches []int64 // OnBatch runs on the round's goroutine
+		p := b.purger(t, purge.Config{Retention: day, BatchSize: 500, OnBatch: func(n int64) { batches = append(batches, n) }})
 		deleted, err := p.PurgeOnce(context.Background())
 		require.NoError(t, err)
 		require.EqualValues(t, 2345+10+50, deleted)
+		// Full batches, then the short one that ends the round.
+		require.Equal(t, []int64{500, 500, 500, 500, 405}, batches)
 		require.Equal(t, map[string]int64{"billing": 300, "mailer": 7}, b.rows(t))
 		require.True(t, b.has(t, "billing", "young-1"))
 		require.False(t, b.has(t, "billing", "edge-1"))

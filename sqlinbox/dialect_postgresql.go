@@ -28,7 +28,7 @@ func (postgresql) queries(t tableName, c Config) queries {
 		cols, fpCol, fpVal = "consumer, event_id, fingerprint", "\n\tfingerprint  bytea,", ", $3::bytea"
 	}
 	// On a partitioned table min() reads each partition's index.
-	oldest := fmt.Sprintf(`SELECT to_char(min(processed_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') FROM %s`, table)
+	oldest := fmt.Sprintf(`SELECT %s FROM %s`, pgUTC("min(processed_at)"), table)
 	if c.Partitioning != NoPartitioning {
 		q := partitionedQueries(t, c, idType, cols, fpCol, fpVal)
 		q.addFingerprint = fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS fingerprint bytea`, table)

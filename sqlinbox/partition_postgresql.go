@@ -85,7 +85,7 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 	// or neither waits for the other and both insert. The cast resolves the
 	// name as the claim's INSERT does. The length prefix keeps ("ab", "c")
 	// apart from ("a", "bc").
-	lock := fmt.Sprintf(`SELECT pg_advisory_xact_lock(hashtextextended('%s'::regclass::oid::text || ':' || length($1::text) || ':' || $1::text || $2::text, 0))`, table)
+	lock := "SELECT " + pgEventLock(t, "$1::text", "$2::text")
 	if c.ClaimTimeout > 0 {
 		lock = pgClaimTimeout(c) + lock + " FROM lt"
 	}
@@ -123,6 +123,15 @@ ON CONFLICT DO NOTHING`, table, idType, cols, fpVal),
 	}
 	q.verify = verifyLayout(t, c)
 	return q
+}
+
+// pgEventLock is the transaction-scoped advisory lock on one event's key
+// in a partitioned table, consumer and eventID being SQL text expressions.
+// The claim takes it, and so does whatever removes a claim while claims
+// run (Forget): both must compute the very same key.
+func pgEventLock(t tableName, consumer, eventID string) string {
+	return fmt.Sprintf(`pg_advisory_xact_lock(hashtextextended('%s'::regclass::oid::text || ':' || length(%s) || ':' || %s || %s, 0))`,
+		t.quoted('"'), consumer, consumer, eventID)
 }
 
 // verifyLayout checks, before the first claim, that the table is
@@ -205,9 +214,24 @@ func (p *purgeSession) Partitions(ctx context.Context) ([]maintenance.Partition,
 	if err := p.partitioned(); err != nil {
 		return nil, err
 	}
-	rows, err := p.conn.QueryContext(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)`, p.s.table.quoted('"'))
+	parts, err := timePartitions(ctx, p.conn, p.s.table)
 	if err != nil {
 		return nil, p.fail(ctx, "listing the partitions of", err)
+	}
+	return parts, nil
+}
+
+// queryer is a *sql.DB or a *sql.Conn.
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// timePartitions lists the time partitions of t this package made, oldest
+// first.
+func timePartitions(ctx context.Context, db queryer, t tableName) ([]maintenance.Partition, error) {
+	rows, err := db.QueryContext(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)`, t.quoted('"'))
+	if err != nil {
+		return nil, err
 	}
 	defer rows.Close()
 	var out []maintenance.Partition
@@ -216,7 +240,7 @@ func (p *purgeSession) Partitions(ctx context.Context) ([]maintenance.Partition,
 		if err := rows.Scan(&name); err != nil {
 			return nil, err
 		}
-		if part, ok := parsePartition(p.s.table, name); ok {
+		if part, ok := parsePartition(t, name); ok {
 			out = append(out, part)
 		}
 	}
@@ -225,6 +249,11 @@ func (p *purgeSession) Partitions(ctx context.Context) ([]maintenance.Partition,
 	}
 	slices.SortFunc(out, func(a, b maintenance.Partition) int { return a.From.Compare(b.From) })
 	return out, nil
+}
+
+// covered reports whether a partition of existing overlaps part's range.
+func covered(existing []maintenance.Partition, part maintenance.Partition) bool {
+	return slices.ContainsFunc(existing, func(e maintenance.Partition) bool { return e.From.Before(part.To) && part.From.Before(e.To) })
 }
 
 // CreatePartitions implements maintenance.PurgeSession.
@@ -239,7 +268,7 @@ func (p *purgeSession) CreatePartitions(ctx context.Context, ahead int, lockTime
 	}
 	for i := range ahead + 1 {
 		part := partitionFor(p.s.table, p.s.config.Partitioning, now, i)
-		if slices.ContainsFunc(existing, func(e maintenance.Partition) bool { return e.From.Before(part.To) && part.From.Before(e.To) }) {
+		if covered(existing, part) {
 			continue
 		}
 		stmt := fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,

@@ -229,5 +229,5 @@ func (p *purgeSession) fail(ctx context.Context, doing string, err error) error 
 	if ctx.Err() == nil && p.pd.statementTimedOut(err) {
 		return fmt.Errorf("sqlinbox: %s %s: %w: %w", doing, p.s.table, maintenance.ErrPurgeTimeout, err)
 	}
-	return fmt.Errorf("sqlinbox: %s %s: %w", doing, p.s.table, p.s.dialect.classify(err))
+	return p.s.maintenanceErr(doing, err)
 }

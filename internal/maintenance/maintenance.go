@@ -17,8 +17,14 @@ package maintenance
 
 import (
 	"context"
+	"errors"
 	"time"
 )
+
+// ErrReadOnly means the database refused a write: the user lacks the
+// privilege, or the database or the connection is read-only (a replica, a
+// SQLite file opened with mode=ro). Nothing was written.
+var ErrReadOnly = errors.New("the database refused to write")
 
 // Store is an inbox table as its maintenance sees it.
 type Store interface {
@@ -39,6 +45,31 @@ type Store interface {
 	BeginPurge(ctx context.Context) (PurgeSession, bool, error)
 	// ClaimSQL returns the table's claim, for a store on another driver.
 	ClaimSQL() ClaimSQL
+
+	// Stats counts the claims per consumer and reads the table's size and
+	// partitions. Counting reads the whole table.
+	Stats(ctx context.Context) (Stats, error)
+	// Check compares the table with the store's configuration; on a
+	// partitioned table it also wants the partitions of the next ahead
+	// periods. A table that does not exist is a TableCheck with Exists
+	// false, not an error.
+	Check(ctx context.Context, ahead int) (TableCheck, error)
+	// AddFingerprintColumn adds the fingerprint column to the table unless
+	// it has one, and reports whether it added it.
+	AddFingerprintColumn(ctx context.Context) (bool, error)
+	// Consumers lists the consumers with claims, sorted.
+	Consumers(ctx context.Context) ([]string, error)
+	// Claims lists the claims filter selects, sorted by processed_at,
+	// then event id. It removes nothing.
+	Claims(ctx context.Context, filter ClaimFilter) ([]Claim, error)
+	// Forget removes consumer's claims of eventIDs, so that the next copy
+	// of each event is processed again, and returns the claims it removed.
+	// It waits for a claim of the same event in flight, as a claim would,
+	// and a claim arriving meanwhile waits for it. Ids must be valid and
+	// in canonical form (the store's CheckEventID). The claims come back
+	// sorted as Claims sorts them; on an error, those removed before it.
+	// A refused write wraps ErrReadOnly.
+	Forget(ctx context.Context, consumer string, eventIDs []string) ([]Claim, error)
 }
 
 // Limits are the longest timeouts a database takes for maintenance

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -34,4 +35,17 @@ func sqliteBusyTimeout(dsn string) string {
 	}
 	pragma := fmt.Sprintf("busy_timeout(%d)", sqlinbox.DefaultSQLiteBusyTimeout.Milliseconds())
 	return dsn + sep + url.Values{"_pragma": {pragma}}.Encode()
+}
+
+// sqliteExists fails unless the database file of a modernc.org/sqlite DSN
+// exists: opening a mistyped path creates an empty database there.
+func sqliteExists(dsn string) error {
+	path, query, _ := strings.Cut(strings.TrimPrefix(dsn, "file:"), "?")
+	if q, err := url.ParseQuery(query); path == "" || path == ":memory:" || (err == nil && q.Get("mode") == "memory") {
+		return nil
+	}
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("cannot open the SQLite database %s: %w; check -dsn (inbox schema -apply creates a new database)", path, err)
+	}
+	return nil
 }

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A table that inbox schema made passes every check; so does a read-only
+// user, since checking only reads.
+func TestCheckPasses(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := setup(t, tg)
+		code, out, errOut := f.run(t, "check")
+		require.Equal(t, exitOK, code, out+errOut)
+		require.Contains(t, out, "ok    connection: the "+tg.dialect+" database answers\n")
+		require.Contains(t, out, "ok    table: "+f.table+" exists\n")
+		for _, line := range []string{"ok    layout: not partitioned\n", "ok    columns: consumer ", "ok    fingerprint column: none\n",
+			"ok    primary key: consumer, event_id\n", "ok    processed_at index: present\n", "-     retention: not checked"} {
+			require.Contains(t, out, line)
+		}
+		require.NotContains(t, out, "FAIL")
+
+		code, out, errOut = runCmd("check", "-dialect", tg.dialect, "-dsn", tg.readOnly(t, f.db, f.table), "-table", f.table)
+		require.Equal(t, exitOK, code, out+errOut)
+	})
+}
+
+// The purge retention must outlive the broker's plus the slack, for every
+// consumer's retention.
+func TestCheckRetention(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := setup(t, tg)
+		code, out, errOut := f.run(t, "check", "-retention", "8d", "-broker-retention", "7d")
+		require.Equal(t, exitOK, code, out+errOut)
+		require.Contains(t, out, "ok    retention: -retention 8d outlives the broker's 7d plus 1d of slack\n")
+
+		code, out, errOut = f.run(t, "check", "-retention", "7d", "-broker-retention", "7d")
+		require.Equal(t, exitFailed, code)
+		require.Contains(t, out, "FAIL  retention: -retention 7d is shorter than the broker's 7d plus 1d of slack: an event replayed from the broker could find its claim purged and be processed again\n      keep claims at least 8d")
+		require.Contains(t, errOut, "inbox check: 1 check failed")
+
+		code, out, _ = f.run(t, "check", "-retention", "14d", "-consumer-retention", "audit=90d", "-consumer-retention", "billing=7d", "-broker-retention", "7d", "-slack", "36h")
+		require.Equal(t, exitFailed, code)
+		require.Contains(t, out, "ok    retention: -retention 14d outlives the broker's 7d plus 36h0m0s of slack")
+		require.Contains(t, out, "ok    retention: -consumer-retention audit 90d")
+		require.Contains(t, out, "FAIL  retention: -consumer-retention billing 7d is shorter")
+
+		for _, args := range [][]string{{"-retention", "7d"}, {"-broker-retention", "7d"}, {"-consumer-retention", "a=1d"}} {
+			code, _, errOut = f.run(t, "check", args...)
+			require.Equal(t, exitUsage, code, "%v", args)
+			require.Contains(t, errOut, "-broker-retention", "%v", args)
+		}
+	})
+}
+
+// What the table lacks or has otherwise than configured fails its check,
+// with what to do.
+func TestCheckMismatches(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := setup(t, tg)
+		code, out, _ := f.run(t, "check", "-fingerprints")
+		require.Equal(t, exitFailed, code)
+		require.Regexp(t, `FAIL  fingerprint column: none, want fingerprint \S+\n      add the column: inbox schema -add-fingerprint-column -apply`, out)
+
+		code, out, _ = f.run(t, "check", "-uuid-event-ids")
+		if tg.dialect == "sqlite" {
+			require.Equal(t, exitOK, code, "SQLite keeps UUIDs as text: "+out)
+		} else {
+			require.Equal(t, exitFailed, code)
+			require.Regexp(t, `FAIL  columns: consumer \S+, event_id \S+, processed_at .*, want .*event_id (uuid|binary\(16\))`, out)
+		}
+
+		_, err := f.db.Exec(fmt.Sprintf("DROP INDEX %s_processed_at_idx", f.table) + map[string]string{"mysql": " ON " + f.table}[tg.dialect])
+		require.NoError(t, err)
+		code, out, _ = f.run(t, "check")
+		require.Equal(t, exitFailed, code)
+		require.Contains(t, out, "FAIL  processed_at index: none; the indexes lead with consumer, want an index whose first column is processed_at\n      the purge")
+
+		code, out, _ = f.run(t, "check", "-table", "missing_table")
+		require.Equal(t, exitFailed, code)
+		require.Contains(t, out, "FAIL  table: missing_table does not exist\n      create it with inbox schema -apply")
+
+		code, _, errOut := runCmd("check", "-dialect", tg.dialect, "-dsn", unreachable(tg))
+		require.Equal(t, exitConnect, code)
+		require.Contains(t, errOut, "cannot ")
+	})
+}
+
+// On PostgreSQL the layout must match -partitioning, and a partitioned
+// table needs its partitions ahead, which a purge or inbox schema -apply
+// create.
+func TestCheckPartitions(t *testing.T) {
+	t.Parallel()
+	plain := setup(t, postgres)
+	code, out, _ := plain.run(t, "check", "-partitioning", "daily")
+	require.Equal(t, exitFailed, code)
+	require.Contains(t, out, "FAIL  layout: not partitioned, want partitioned by processed_at (daily)\n      -partitioning must describe the table as created")
+
+	f := setup(t, postgres, "-partitioning", "daily")
+	code, out, _ = f.run(t, "check")
+	require.Equal(t, exitFailed, code)
+	require.Contains(t, out, "FAIL  layout: partitioned by processed_at, want not partitioned")
+	require.Contains(t, out, "ok    primary key: consumer, event_id, processed_at\n", "the key of the table's own layout")
+
+	code, out, _ = f.run(t, "check", "-partitioning", "daily")
+	require.Equal(t, exitFailed, code)
+	require.Contains(t, out, "ok    primary key: consumer, event_id, processed_at\n")
+	require.Regexp(t, `FAIL  partitions: 0 time partitions; none for the current period \(its rows go to the default partition\); the default partition, want the 3 daily partitions ahead of the current one, and the default partition; missing \S+_p\d{8}, \S+, \S+\n      run inbox purge`, out)
+
+	code, _, errOut := f.run(t, "purge", "-partitioning", "daily", "-retention", "2d")
+	require.Equal(t, exitOK, code, errOut)
+	code, out, errOut = f.run(t, "check", "-partitioning", "daily")
+	require.Equal(t, exitOK, code, out+errOut)
+	require.Regexp(t, `ok    partitions: 4 time partitions, \d{4}-\d\d-\d\d to \d{4}-\d\d-\d\d; the default partition\n`, out)
+	code, out, _ = f.run(t, "check", "-partitioning", "daily", "-partitions-ahead", "5")
+	require.Equal(t, exitFailed, code)
+	require.Contains(t, out, "missing")
+}

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+const day = 24 * time.Hour
+
+// purgeFixture is an inbox table with rows aged 3 days (billing: 40,
+// mailer: 5) and 1 hour (billing: 2).
+func purgeFixture(t *testing.T, tg target) *fixture {
+	t.Helper()
+	f := setup(t, tg)
+	f.seed(t, "billing", 3*day, ids("old-", 40)...)
+	f.seed(t, "mailer", 3*day, ids("old-", 5)...)
+	f.seed(t, "billing", time.Hour, ids("new-", 2)...)
+	return f
+}
+
+func TestPurgeDryRunThenPurge(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := purgeFixture(t, tg)
+		code, out, _ := f.run(t, "purge", "-retention", "2d", "-dry-run")
+		require.Equal(t, exitOK, code)
+		require.Equal(t, "billing\t40\nmailer\t5\nwould remove 45 rows from "+f.table+"\n", out)
+		require.Equal(t, map[string]int{"billing": 42, "mailer": 5}, f.rows(t))
+
+		code, out, errOut := f.run(t, "purge", "-retention", "48h", "-batch", "100", "-once")
+		require.Equal(t, exitOK, code, errOut)
+		require.Contains(t, out, "removed 45 rows from "+f.table)
+		require.Contains(t, errOut, "Inbox purge round done")
+		require.NotContains(t, errOut, "purging", "no progress line outside a terminal")
+		require.Equal(t, map[string]int{"billing": 2}, f.rows(t))
+	})
+}
+
+func TestPurgeConsumerRetentionFlag(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := purgeFixture(t, tg)
+		code, out, errOut := f.run(t, "purge", "-retention", "2d", "-consumer-retention", "billing=7d")
+		require.Equal(t, exitOK, code, errOut)
+		require.Contains(t, out, "removed 5 rows")
+		require.Equal(t, map[string]int{"billing": 42}, f.rows(t))
+	})
+}
+
+// -progress (the default on a terminal) draws a line that counts the rows
+// against the expired rows counted first, and ends it before the round's
+// log line.
+func TestPurgeProgress(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := purgeFixture(t, tg)
+		code, out, errOut := f.run(t, "purge", "-retention", "2d", "-batch", "100", "-progress")
+		require.Equal(t, exitOK, code, errOut)
+		require.Contains(t, out, "removed 45 rows")
+		require.Contains(t, errOut, "\rpurging "+f.table+": counting the expired rows\x1b[K\rpurging "+f.table+": 0 of about 45 rows (0%)\x1b[K")
+		require.Regexp(t, `\rpurging `+f.table+`: 45 of about 45 rows \(100%\), \d+ rows/s\x1b\[K\n[^\r]*Inbox purge round done`, errOut)
+	})
+}
+
+// Invalid flags and unsafe retentions exit 2 without touching the table; a
+// database error exits 1, no database 3.
+func TestPurgeExitCodes(t *testing.T) {
+	t.Parallel()
+	f := purgeFixture(t, postgres)
+	dsn, table := testdb.PostgresDSN(), f.table
+	for _, tc := range []struct {
+		args []string
+		code int
+		err  string
+	}{
+		{[]string{"-table", table, "-retention", "2d"}, exitUsage, "-dsn is required"},
+		{[]string{"-dsn", dsn, "-table", table}, exitUsage, "Retention is required"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "1h"}, exitUsage, "below MinRetention"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "2x"}, exitUsage, "invalid value"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "2d", "-dialect", "oracle"}, exitUsage, `-dialect "oracle"`},
+		{[]string{"-dsn", dsn, "-table", "Bad-Name", "-retention", "2d"}, exitUsage, "Table"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "2d", "-dry-run", "-loop"}, exitUsage, "exclude each other"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "2d", "-partitioning", "daily"}, exitFailed, "is not partitioned"},
+		{[]string{"-dsn", dsn, "-table", table + "_missing", "-retention", "2d"}, exitFailed, "does not exist"},
+		{[]string{"-dsn", unreachable(postgres), "-table", table, "-retention", "2d"}, exitConnect, "cannot connect"},
+	} {
+		code, _, errOut := runCmd(append([]string{"purge"}, tc.args...)...)
+		require.Equal(t, tc.code, code, "%v: %s", tc.args, errOut)
+		require.Contains(t, errOut, tc.err, "%v", tc.args)
+	}
+	require.Equal(t, map[string]int{"billing": 42, "mailer": 5}, f.rows(t))
+
+	code, out, errOut := f.run(t, "purge", "-retention", "2h", "-allow-short-retention")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "removed 45 rows")
+}
+
+// A user that may only read the table counts what a purge would remove,
+// and a purge fails, saying what the user lacks; nothing is removed.
+func TestPurgeReadOnlyUser(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := purgeFixture(t, tg)
+		ro := []string{"-dialect", tg.dialect, "-dsn", tg.readOnly(t, f.db, f.table), "-table", f.table, "-retention", "2d"}
+		code, out, errOut := runCmd(append([]string{"purge", "-dry-run"}, ro...)...)
+		require.Equal(t, exitOK, code, errOut)
+		require.Contains(t, out, "would remove 45 rows")
+		code, _, errOut = runCmd(append([]string{"purge"}, ro...)...)
+		require.Equal(t, exitFailed, code, errOut)
+		require.Contains(t, errOut, "removed 0 rows, then failed")
+		require.Contains(t, errOut, "\nthe user needs DELETE")
+		require.Equal(t, map[string]int{"billing": 42, "mailer": 5}, f.rows(t))
+	})
+}
+
+// A table that does not exist, and a database that does not answer.
+func TestPurgeNoTable(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := setup(t, tg)
+		code, _, errOut := f.run(t, "purge", "-retention", "2d", "-table", "missing_table")
+		require.Equal(t, exitFailed, code)
+		require.Contains(t, errOut, "missing_table does not exist in this database: create it with inbox schema -apply")
+		code, _, errOut = runCmd("purge", "-dialect", tg.dialect, "-dsn", unreachable(tg), "-retention", "2d")
+		require.Equal(t, exitConnect, code, errOut)
+	})
+}
+
+// -loop purges until interrupted, then exits 0.
+func TestPurgeLoop(t *testing.T) {
+	t.Parallel()
+	f := purgeFixture(t, postgres)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var out, errOut bytes.Buffer
+	go func() {
+		done <- run(ctx, append(append([]string{"purge"}, f.flags(t)...), "-retention", "2d", "-loop", "-interval", "50ms"), &out, &errOut)
+	}()
+	require.Eventually(t, func() bool { return f.rows(t)["billing"] == 2 && f.rows(t)["mailer"] == 0 }, 10*time.Second, 20*time.Millisecond)
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, exitOK, code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("-loop did not stop when interrupted")
+	}
+}
+
+// Durations that do not fit a time.Duration, negative ones and timeouts the
+// database cannot take exit 2 and delete nothing. 213504d used to wrap
+// around to 25 minutes, which with -allow-short-retention purged nearly
+// every row.
+func TestPurgeDurationsOutOfRange(t *testing.T) {
+	t.Parallel()
+	f := purgeFixture(t, postgres)
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"-retention", "213504d"}, `"213504d": at most 106751d`},
+		{[]string{"-retention", "99999999999999999999d"}, "at most 106751d"},
+		{[]string{"-retention", "2d", "-consumer-retention", "billing=213504d"}, "at most 106751d"},
+		{[]string{"-retention", "2d", "-min-retention", "213504d"}, "at most 106751d"},
+		{[]string{"-retention", "-5d"}, `"-5d": a duration cannot be negative`},
+		{[]string{"-retention", "-99999999999999999999d"}, "cannot be negative"},
+		{[]string{"-retention", "-48h"}, "cannot be negative"},
+		{[]string{"-retention", "9999999999h"}, "invalid duration"},
+		{[]string{"-retention", "2d", "-statement-timeout", "600h"}, "StatementTimeout 600h0m0s is above 596h31m23.647s"},
+	} {
+		code, out, errOut := f.run(t, "purge", append([]string{"-allow-short-retention"}, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s%s", tc.args, out, errOut)
+		require.Contains(t, errOut, tc.err, "%v", tc.args)
+	}
+	require.Equal(t, map[string]int{"billing": 42, "mailer": 5}, f.rows(t))
+
+	code, out, errOut := f.run(t, "purge", "-retention", "106751d", "-dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "would remove 0 rows")
+}
+
+// A SQLite DSN gets the busy timeout sqlinbox.SQLiteDSN sets, unless it
+// sets one itself.
+func TestSQLiteBusyTimeout(t *testing.T) {
+	t.Parallel()
+	for dsn, want := range map[string]string{
+		"app.db":                                   "app.db?_pragma=busy_timeout%285000%29",
+		"file:app.db":                              "file:app.db?_pragma=busy_timeout%285000%29",
+		"file:app.db?_pragma=journal_mode(WAL)":    "file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout%285000%29",
+		"app.db?_pragma=busy_timeout(100)":         "app.db?_pragma=busy_timeout(100)",
+		"app.db?_pragma=%20BUSY_TIMEOUT%20%3D%201": "app.db?_pragma=%20BUSY_TIMEOUT%20%3D%201",
+		"app.db?_busy_timeout=100":                 "app.db?_busy_timeout=100",
+		"app.db?_timeout=100":                      "app.db?_timeout=100",
+		"app.db?%zz":                               "app.db?%zz",
+	} {
+		require.Equal(t, want, sqliteBusyTimeout(dsn), dsn)
+	}
+}
+
+// A purge round next to a writer holding SQLite's write lock for a second
+// waits for it, whether -dsn is a bare path or a DSN without busy_timeout:
+// without a busy timeout every batch failed at once and the round gave up.
+func TestSQLiteWaitsForTheWriteLock(t *testing.T) {
+	t.Parallel()
+	for name, dsn := range map[string]func(path string) string{
+		"path":                func(path string) string { return path },
+		"DSN without timeout": func(path string) string { return "file:" + path + "?_pragma=journal_mode(WAL)" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, sqlite)
+			f.seed(t, "billing", 3*day, "old")
+
+			// A claim's transaction: SQLiteDSN's BEGIN takes the write lock.
+			tx, _, err := f.store.Claim(context.Background(), nil, "billing", "held", nil)
+			require.NoError(t, err)
+			require.NotNil(t, tx, "a new claim")
+			released := make(chan error, 1)
+			go func() {
+				time.Sleep(time.Second)
+				released <- tx.Commit(context.Background())
+			}()
+			code, out, errOut := runCmd("purge", "-dialect", "sqlite", "-dsn", dsn(testdb.SQLiteFile(t)), "-retention", "2d")
+			require.NoError(t, <-released)
+			require.Equal(t, exitOK, code, errOut)
+			require.Contains(t, out, "removed 1 rows from "+sqlinbox.DefaultTable)
+			require.Equal(t, map[string]int{"billing": 1}, f.rows(t))
+		})
+	}
+}
+
+// The partitioned table's purge through the command: it creates the
+// partitions ahead and drops none that holds unexpired rows.
+func TestPurgePartitioned(t *testing.T) {
+	t.Parallel()
+	f := setup(t, postgres, "-partitioning", "daily")
+	f.seed(t, "billing", 3*day, ids("old-", 4)...)
+	code, out, errOut := f.run(t, "purge", "-partitioning", "daily", "-retention", "2d", "-partitions-ahead", "1")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "removed 4 rows")
+	require.Contains(t, errOut, "partitions_created")
+	require.Empty(t, f.rows(t))
+}

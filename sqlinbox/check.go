@@ -1,0 +1,250 @@
+package sqlinbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/watermill-inbox/inbox/internal/maintenance"
+)
+
+// Check implements maintenance.Store. It reads the catalog only, so a
+// read-only user can run it.
+func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableCheck, error) {
+	const doing = "checking"
+	q, err := m.queries()
+	if err != nil {
+		return maintenance.TableCheck{}, err
+	}
+	partitioned := false
+	if q.kind != "" {
+		var kind string
+		err := m.s.db.QueryRowContext(ctx, q.kind).Scan(&kind)
+		if errors.Is(err, sql.ErrNoRows) {
+			return maintenance.TableCheck{}, nil
+		}
+		if err != nil {
+			return maintenance.TableCheck{}, m.fail(doing, err)
+		}
+		partitioned = kind == "p"
+	}
+	cols, err := m.columns(ctx, q)
+	if err != nil {
+		return maintenance.TableCheck{}, m.fail(doing, err)
+	}
+	if len(cols) == 0 {
+		return maintenance.TableCheck{}, nil
+	}
+	key, err := queryStrings(ctx, m.s.db, q.primaryKey)
+	if err != nil {
+		return maintenance.TableCheck{}, m.fail(doing, err)
+	}
+	leads, err := queryStrings(ctx, m.s.db, q.indexLeads)
+	if err != nil {
+		return maintenance.TableCheck{}, m.fail(doing, err)
+	}
+	c := maintenance.TableCheck{Exists: true}
+	c.Findings = append(c.Findings, m.layoutFinding(partitioned), columnsFinding(q, cols), m.fingerprintFinding(q, cols))
+	wantKey := []string{"consumer", "event_id"}
+	if partitioned {
+		wantKey = append(wantKey, "processed_at")
+	}
+	c.Findings = append(c.Findings, maintenance.Finding{
+		Aspect: maintenance.AspectPrimaryKey, OK: slices.Equal(key, wantKey),
+		Found: orNone(strings.Join(key, ", ")), Want: strings.Join(wantKey, ", "),
+	}, indexFinding(leads))
+	if partitioned && m.Partitioned() {
+		f, err := m.partitionsFinding(ctx, q, ahead)
+		if err != nil {
+			return maintenance.TableCheck{}, m.fail(doing, err)
+		}
+		c.Findings = append(c.Findings, f)
+	}
+	return c, nil
+}
+
+// indexFinding wants an index that leads with processed_at; leads are the
+// first columns of the table's indexes.
+func indexFinding(leads []string) maintenance.Finding {
+	f := maintenance.Finding{Aspect: maintenance.AspectIndex, OK: slices.Contains(leads, "processed_at"), Found: "present"}
+	if !f.OK {
+		f.Found = "none; the indexes lead with " + orNone(strings.Join(leads, ", "))
+		f.Want = "an index whose first column is processed_at"
+	}
+	return f
+}
+
+func (m maintainer) layoutFinding(partitioned bool) maintenance.Finding {
+	layout := func(p bool) string {
+		if p {
+			return "partitioned by processed_at"
+		}
+		return "not partitioned"
+	}
+	want := m.s.config.Partitioning != NoPartitioning
+	f := maintenance.Finding{Aspect: maintenance.AspectLayout, OK: partitioned == want, Found: layout(partitioned), Want: layout(want)}
+	if want {
+		f.Want += " (" + m.s.config.Partitioning.String() + ")"
+	}
+	return f
+}
+
+// column is a column's name and type.
+type column struct{ name, typ string }
+
+func (m maintainer) columns(ctx context.Context, q maintenanceQueries) ([]column, error) {
+	rows, err := m.s.db.QueryContext(ctx, q.columns)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []column
+	for rows.Next() {
+		var c column
+		if err := rows.Scan(&c.name, &c.typ); err != nil {
+			return nil, err
+		}
+		c.typ = strings.ToLower(c.typ)
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+func typeOf(cols []column, name string) (string, bool) {
+	i := slices.IndexFunc(cols, func(c column) bool { return c.name == name })
+	if i < 0 {
+		return "", false
+	}
+	return cols[i].typ, true
+}
+
+// columnsFinding compares the claim's three columns.
+func columnsFinding(q maintenanceQueries, cols []column) maintenance.Finding {
+	f := maintenance.Finding{Aspect: maintenance.AspectColumns, OK: true}
+	var found, want []string
+	for _, name := range []string{"consumer", "event_id", "processed_at"} {
+		typ, ok := typeOf(cols, name)
+		if !ok {
+			typ = "missing"
+		}
+		f.OK = f.OK && typ == q.wantColumns[name]
+		found = append(found, name+" "+typ)
+		want = append(want, name+" "+q.wantColumns[name])
+	}
+	f.Found, f.Want = strings.Join(found, ", "), strings.Join(want, ", ")
+	return f
+}
+
+// fingerprintFinding wants the fingerprint column when the configuration
+// uses fingerprints; a column nobody uses is fine.
+func (m maintainer) fingerprintFinding(q maintenanceQueries, cols []column) maintenance.Finding {
+	typ, ok := typeOf(cols, "fingerprint")
+	f := maintenance.Finding{Aspect: maintenance.AspectFingerprint, OK: true, Found: "none"}
+	if ok {
+		f.Found = "fingerprint " + typ
+	}
+	if m.s.config.Fingerprints {
+		f.Want = "fingerprint " + q.wantColumns["fingerprint"]
+		f.OK = f.Found == f.Want
+	} else if ok {
+		f.Found += " (unused: the configuration has no fingerprints)"
+	}
+	return f
+}
+
+// partitionsFinding wants the partitions of the next ahead periods, by the
+// database clock, and the default partition. The current period's
+// partition is not required: once rows of the period went to the default
+// partition it cannot be created, and the purge deletes them there.
+func (m maintainer) partitionsFinding(ctx context.Context, q maintenanceQueries, ahead int) (maintenance.Finding, error) {
+	f := maintenance.Finding{Aspect: maintenance.AspectPartitions}
+	parts, err := timePartitions(ctx, m.s.db, m.s.table)
+	if err != nil {
+		return f, err
+	}
+	stats, err := m.partitionStats(ctx, q)
+	if err != nil {
+		return f, err
+	}
+	now, err := m.dbNow(ctx, q)
+	if err != nil {
+		return f, err
+	}
+	var missing []string
+	for i := 1; i <= ahead; i++ {
+		if part := partitionFor(m.s.table, m.s.config.Partitioning, now, i); !covered(parts, part) {
+			missing = append(missing, part.Name)
+		}
+	}
+	hasDefault := slices.ContainsFunc(stats, func(p maintenance.PartitionStats) bool { return p.Default })
+	f.OK = len(missing) == 0 && hasDefault
+	f.Found = fmt.Sprintf("%d time partitions", len(parts))
+	if len(parts) > 0 {
+		f.Found += fmt.Sprintf(", %s to %s", parts[0].From.Format("2006-01-02"), parts[len(parts)-1].To.Format("2006-01-02"))
+	}
+	if !covered(parts, partitionFor(m.s.table, m.s.config.Partitioning, now, 0)) {
+		f.Found += "; none for the current period (its rows go to the default partition)"
+	}
+	if hasDefault {
+		f.Found += "; the default partition"
+	}
+	f.Want = fmt.Sprintf("the %d %s partitions ahead of the current one, and the default partition", ahead, m.s.config.Partitioning)
+	if len(missing) > 0 {
+		f.Want += "; missing " + strings.Join(missing, ", ")
+	}
+	if !hasDefault {
+		f.Want += "; missing the default partition"
+	}
+	return f, nil
+}
+
+// AddFingerprintColumn implements maintenance.Store: only PostgreSQL can
+// add a column IF NOT EXISTS, so the others look first.
+func (m maintainer) AddFingerprintColumn(ctx context.Context) (bool, error) {
+	const doing = "adding the fingerprint column to"
+	q, err := m.queries()
+	if err != nil {
+		return false, err
+	}
+	cols, err := m.columns(ctx, q)
+	if err != nil {
+		return false, m.fail(doing, err)
+	}
+	if len(cols) == 0 {
+		return false, fmt.Errorf("sqlinbox: %s %s: the table does not exist", doing, m.s.table)
+	}
+	if _, ok := typeOf(cols, "fingerprint"); ok {
+		return false, nil
+	}
+	if _, err := m.s.db.ExecContext(ctx, m.s.q.addFingerprint); err != nil {
+		return false, m.fail(doing, err)
+	}
+	return true, nil
+}
+
+func queryStrings(ctx context.Context, db queryer, query string) ([]string, error) {
+	rows, err := db.QueryContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
