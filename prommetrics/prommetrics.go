@@ -1,5 +1,5 @@
 // Package prommetrics exports the inbox's metrics to Prometheus: an
-// inbox.Observer that counts messages by consumer and outcome and times
+// [inbox.Observer] that counts messages by consumer and outcome and times
 // their claims and transactions, and counters for purge rounds.
 //
 // It lives in its own package so that only programs importing it link
@@ -17,11 +17,11 @@
 // raced and one waited past the claim timeout), outcome="missing_id" or
 // "invalid_id" (a producer sends messages the inbox cannot key),
 // outcome="id_reused" (a producer gave one event id to two different events,
-// see inbox.Config.Fingerprint), outcome="stale" (events older than
-// inbox.Config.MaxEventAge rejected or skipped), stale_events_total (every
-// event older than MaxEventAge, those processed under inbox.StaleProcess
+// see [inbox.Config].Fingerprint), outcome="stale" (events older than
+// [inbox.Config].MaxEventAge rejected or skipped), stale_events_total (every
+// event older than MaxEventAge, those processed under [inbox.StaleProcess]
 // included: their duplicates may have gone unnoticed),
-// after_commit_failures_total (inbox.AfterCommit hooks that failed or
+// after_commit_failures_total ([inbox.AfterCommit] hooks that failed or
 // panicked: their effects are lost), and a claim latency that grows with
 // the inbox table (purge it). [Rules] holds Prometheus rules for most of
 // these, each alert with a runbook.
@@ -38,10 +38,10 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 )
 
-// DefaultNamespace prefixes every metric name when New gets no namespace.
+// DefaultNamespace prefixes every metric name when [New] gets no namespace.
 const DefaultNamespace = "watermill_inbox"
 
-// Metrics is an inbox.Observer recording Prometheus metrics. Its methods are
+// Metrics is an [inbox.Observer] recording Prometheus metrics. Its methods are
 // safe for concurrent use.
 type Metrics struct {
 	messages     *prometheus.CounterVec
@@ -70,7 +70,7 @@ var (
 
 // New creates the metrics and registers them with reg, so that they appear
 // as soon as a message or a purge is observed. A nil reg means
-// prometheus.DefaultRegisterer; an empty namespace means DefaultNamespace.
+// [prometheus.DefaultRegisterer]; an empty namespace means [DefaultNamespace].
 // Registering twice with one registry fails: share the returned Metrics.
 func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 	if reg == nil {
@@ -134,7 +134,7 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 	return m, nil
 }
 
-// Start implements inbox.Observer.
+// Start implements [inbox.Observer].
 func (m *Metrics) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
 	return ctx, m.observe
 }
@@ -161,8 +161,8 @@ func (m *Metrics) PurgeRound(table string) func(deleted int64, took time.Duratio
 	return func(deleted int64, took time.Duration, err error) { m.ObservePurge(table, deleted, took, err) }
 }
 
-// ObservePurge records one purge round of table: what PurgeOnce returned
-// and how long it took. PurgeRound calls it from the purge's hook.
+// ObservePurge records one purge round of table: what purge.Purger.PurgeOnce
+// returned and how long it took. [Metrics.PurgeRound] calls it from the purge's hook.
 func (m *Metrics) ObservePurge(table string, deleted int64, d time.Duration, err error) {
 	switch {
 	case skipped(err):
@@ -185,14 +185,14 @@ func skipped(err error) bool {
 	return errors.As(err, &s) && s.Skipped()
 }
 
-// OldestClaimer is a store that can tell its oldest row: *sqlinbox.Store and
-// *pgxinbox.Store.
+// OldestClaimer is a store that can tell its oldest row: sqlinbox.Store and
+// pgxinbox.Store.
 type OldestClaimer interface {
 	Table() string
 	OldestClaim(ctx context.Context) (oldest time.Time, ok bool, err error)
 }
 
-// OldestTimeout bounds the query WatchOldest runs on every scrape.
+// OldestTimeout bounds the query [Metrics.WatchOldest] runs on every scrape.
 const OldestTimeout = 5 * time.Second
 
 // WatchOldest registers two gauges for store's table, read on every
