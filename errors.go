@@ -52,8 +52,8 @@ var (
 	// subscriber opened (a watermill-sql subscriber's, which that package's
 	// TxFromContext returns) that this middleware's transaction cannot take
 	// the place of: a pgx one when the store is on database/sql
-	// ([sqlinbox.Store]), a database/sql one when it is on native pgx
-	// ([pgxinbox.Store]). The handler's writes there would commit apart from
+	// (a sqlinbox.Store), a database/sql one when it is on native pgx
+	// (a pgxinbox.Store). The handler's writes there would commit apart from
 	// the claim, so the claim is rolled back and the message refused before
 	// the handler runs; the error says which subscriber setup fits.
 	ErrSubscriberTx = errors.New("inbox: the message carries a subscriber's transaction this middleware cannot stand in for")
