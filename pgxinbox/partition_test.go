@@ -47,6 +47,14 @@ func (f *fixture) partitionOf(t *testing.T, consumer, eventID string) string {
 	return name
 }
 
+// now is the database clock, which names the partitions.
+func (f *fixture) now(t *testing.T) time.Time {
+	t.Helper()
+	var now time.Time
+	require.NoError(t, f.store.Pool().QueryRow(context.Background(), `SELECT now()`).Scan(&now))
+	return now.UTC()
+}
+
 func (f *fixture) exec(t *testing.T, query string) {
 	t.Helper()
 	_, err := f.store.Pool().Exec(context.Background(), query)
@@ -60,17 +68,10 @@ func (f *fixture) exec(t *testing.T, query string) {
 func TestPartitionedDuplicateAcrossPartitions(t *testing.T) {
 	t.Parallel()
 	f := setup(t, sqlinbox.Config{Partitioning: sqlinbox.Daily})
-	ctx := context.Background()
-	sess, ok, err := f.store.Maintenance().BeginPurge(ctx)
-	require.NoError(t, err)
-	require.True(t, ok)
-	created, _, err := sess.CreatePartitions(ctx, 0, time.Second)
-	require.NoError(t, err)
-	require.Len(t, created, 1)
-	require.NoError(t, sess.Close())
 	table := f.store.Table()
-	today := table + "_p" + created[0].From.Format("20060102")
-	from := created[0].From.AddDate(0, 0, -5)
+	now := f.now(t)
+	today := table + "_p" + now.Format("20060102") // made by CreateSchema
+	from := time.Date(now.Year(), now.Month(), now.Day()-5, 0, 0, 0, 0, time.UTC)
 	old := table + "_p" + from.Format("20060102")
 	f.exec(t, fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s+00') TO ('%s+00')`,
 		old, table, from.Format(time.DateTime), from.AddDate(0, 0, 1).Format(time.DateTime)))
@@ -204,5 +205,48 @@ func TestPartitionedLockIgnoresTableSpelling(t *testing.T) {
 		require.NoError(t, f.store.Pool().QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE event_id = $1`, id).Scan(&n))
 		require.Equal(t, 1, n, "effects of %s", id)
 	}
+	f.noOpenTransactions(t)
+}
+
+// On a table partitioned by the time inside event ids, the pipelined claim
+// is the plain table's: BEGIN and the INSERT in one batch, no lock, every
+// copy of an event in the same partition, where the key sees it.
+func TestEventIDTimeClaims(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{Partitioning: sqlinbox.Daily, PartitionKey: sqlinbox.EventIDTime, UUIDEventIDs: true, Fingerprints: true})
+	require.Empty(t, f.store.Maintenance().ClaimSQL().Before, "no lock before the claim")
+	table, now := f.store.Table(), f.now(t)
+	id, old := testdb.UUIDv7(now, "a"), testdb.UUIDv7(now.Add(-40*24*time.Hour), "old")
+	for _, id := range []string{id, old} {
+		require.True(t, f.claim(t, "billing", id))
+		require.False(t, f.claim(t, "billing", id))
+		require.True(t, f.claim(t, "mailer", id))
+	}
+	require.Equal(t, table+"_p"+now.Format("20060102"), f.partitionOf(t, "billing", id))
+	require.Equal(t, table+"_default", f.partitionOf(t, "billing", old))
+
+	ctx := context.Background()
+	tx, _, err := f.store.Claim(ctx, nil, "fp", id, []byte("v1"))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	tx, stored, err := f.store.Claim(ctx, nil, "fp", id, []byte("v2"))
+	require.NoError(t, err)
+	require.Nil(t, tx)
+	require.Equal(t, []byte("v1"), stored)
+
+	_, _, err = f.store.Claim(ctx, nil, "billing", "0b4cdd4c-4bd9-4c4b-9b8c-0b3ff8fd0c1e", nil) // a UUIDv4
+	require.ErrorIs(t, err, inbox.ErrInvalidEventID)
+
+	ids := map[string]string{}
+	for i := range 10 {
+		ids[fmt.Sprintf("ev-%d", i)] = testdb.UUIDv7(now, fmt.Sprintf("race-%d", i))
+	}
+	testdb.RaceClaims(t, 10, 4, func(label string) (func() error, bool, error) {
+		tx, ok, err := f.claimTx(ctx, nil, "race", ids[label])
+		if !ok {
+			return nil, false, err
+		}
+		return func() error { return tx.Commit(ctx) }, true, err
+	})
 	f.noOpenTransactions(t)
 }

@@ -126,6 +126,10 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 		}
 	}
 	c := &s.claim
+	args, err := c.Args(consumer, eventID, fingerprint)
+	if err != nil {
+		return nil, nil, err
+	}
 	// BEGIN is part of the batch, never sent apart from it: a claim sent
 	// without BEGIN would commit on its own, and a failing handler would
 	// then leave the event marked as processed.
@@ -134,11 +138,7 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 	if c.Before != "" {
 		b.Queue(c.Before, consumer, eventID)
 	}
-	if c.Fingerprints {
-		b.Queue(c.Insert, consumer, eventID, fingerprint)
-	} else {
-		b.Queue(c.Insert, consumer, eventID)
-	}
+	b.Queue(c.Insert, args...)
 	if c.After != "" {
 		b.Queue(c.After)
 	}
@@ -162,7 +162,7 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 		// Under READ COMMITTED this statement sees the committed row the
 		// claim found; under REPEATABLE READ the claim saw only rows of
 		// its snapshot, which this one shares.
-		err = tx.QueryRow(ctx, c.Fingerprint, consumer, eventID).Scan(&stored)
+		err = tx.QueryRow(ctx, c.Fingerprint, args[:len(args)-1]...).Scan(&stored)
 		if errors.Is(err, pgx.ErrNoRows) { // purged meanwhile
 			err = nil
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
+	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/purge"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -57,6 +58,7 @@ func oldPartition(t *testing.T, db *sql.DB, table string, ago time.Duration) str
 func TestPartitionsCreatedAndDropped(t *testing.T) {
 	t.Parallel()
 	b := setup(t, postgres, func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Daily })
+	testdb.DropTimePartitions(t, b.db, b.table) // a table from before CreateSchema made them
 	p10 := oldPartition(t, b.db, b.table, 10*day)
 	p5 := oldPartition(t, b.db, b.table, 5*day)
 	p2 := oldPartition(t, b.db, b.table, 2*day)
@@ -98,7 +100,9 @@ func TestPartitionsCreatedAndDropped(t *testing.T) {
 	require.Equal(t, []string{p2, tomorrow, after}, partitions(t, b.store))
 }
 
-// Monthly partitions are named by month and start with the current one.
+// Monthly partitions are named by month and start with the current one;
+// CreateSchema made it and the next three, a purge round keeping one ahead
+// adds none.
 func TestMonthlyPartitions(t *testing.T) {
 	t.Parallel()
 	b := setup(t, postgres, func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Monthly })
@@ -106,7 +110,11 @@ func TestMonthlyPartitions(t *testing.T) {
 	_, err := p.PurgeOnce(context.Background())
 	require.NoError(t, err)
 	now := dbDay(t, b.db, 0)
-	require.Equal(t, []string{b.table + "_p" + now.Format("200601"), b.table + "_p" + now.AddDate(0, 1, 1-now.Day()).Format("200601")}, partitions(t, b.store))
+	var want []string
+	for i := range 4 {
+		want = append(want, b.table+"_p"+now.AddDate(0, i, 1-now.Day()).Format("200601"))
+	}
+	require.Equal(t, want, partitions(t, b.store))
 	require.True(t, b.claim(t, "billing", "ev-1"))
 	require.False(t, b.claim(t, "billing", "ev-1"))
 }
@@ -129,7 +137,6 @@ func TestDropWaitsAtMostLockTimeout(t *testing.T) {
 	p := b.purger(t, purge.Config{Retention: 3 * day, LockTimeout: 100 * time.Millisecond})
 	_, err = p.PurgeOnce(context.Background())
 	require.ErrorContains(t, err, "dropping partition "+old)
-	require.ErrorContains(t, err, "creating partition")
 	require.Contains(t, partitions(t, b.store), old)
 	require.Equal(t, map[string]int64{"billing": 10}, b.rows(t))
 

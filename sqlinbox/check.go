@@ -19,7 +19,7 @@ func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableChec
 	if err != nil {
 		return maintenance.TableCheck{}, err
 	}
-	partitioned := false
+	partitioned, partKey := false, ""
 	if q.kind != "" {
 		var kind string
 		err := m.s.db.QueryRowContext(ctx, q.kind).Scan(&kind)
@@ -29,7 +29,9 @@ func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableChec
 		if err != nil {
 			return maintenance.TableCheck{}, m.fail(doing, err)
 		}
+		kind, partKey, _ = strings.Cut(kind, " ")
 		partitioned = kind == "p"
+		partKey = strings.TrimSuffix(strings.TrimPrefix(partKey, "RANGE ("), ")")
 	}
 	cols, err := m.columns(ctx, q)
 	if err != nil {
@@ -47,15 +49,20 @@ func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableChec
 		return maintenance.TableCheck{}, m.fail(doing, err)
 	}
 	c := maintenance.TableCheck{Exists: true}
-	c.Findings = append(c.Findings, m.layoutFinding(partitioned), columnsFinding(q, cols), m.fingerprintFinding(q, cols))
+	c.Findings = append(c.Findings, m.layoutFinding(partitioned, partKey), m.columnsFinding(q, cols), m.fingerprintFinding(q, cols))
+	// The key of the table's own layout: a layout other than the
+	// configuration's is reported once, above.
 	wantKey := []string{"consumer", "event_id"}
-	if partitioned {
+	switch {
+	case partitioned && partKey == EventIDTime.column():
+		wantKey = []string{"consumer", "event_time", "event_id"}
+	case partitioned:
 		wantKey = append(wantKey, "processed_at")
 	}
 	c.Findings = append(c.Findings, maintenance.Finding{
 		Aspect: maintenance.AspectPrimaryKey, OK: slices.Equal(key, wantKey),
 		Found: orNone(strings.Join(key, ", ")), Want: strings.Join(wantKey, ", "),
-	}, indexFinding(leads))
+	}, m.indexFinding(leads))
 	if partitioned && m.Partitioned() {
 		f, err := m.partitionsFinding(ctx, q, ahead)
 		if err != nil {
@@ -67,8 +74,13 @@ func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableChec
 }
 
 // indexFinding wants an index that leads with processed_at; leads are the
-// first columns of the table's indexes.
-func indexFinding(leads []string) maintenance.Finding {
+// first columns of the table's indexes. A table partitioned by EventIDTime
+// needs none: its partitions are dropped by event time, and its primary
+// key serves the oldest claim.
+func (m maintainer) indexFinding(leads []string) maintenance.Finding {
+	if m.s.q.idTime {
+		return maintenance.Finding{Aspect: maintenance.AspectIndex, OK: true, Found: "not needed: partitions are dropped by event time"}
+	}
 	f := maintenance.Finding{Aspect: maintenance.AspectIndex, OK: slices.Contains(leads, "processed_at"), Found: "present"}
 	if !f.OK {
 		f.Found = "none; the indexes lead with " + orNone(strings.Join(leads, ", "))
@@ -77,15 +89,18 @@ func indexFinding(leads []string) maintenance.Finding {
 	return f
 }
 
-func (m maintainer) layoutFinding(partitioned bool) maintenance.Finding {
-	layout := func(p bool) string {
+func (m maintainer) layoutFinding(partitioned bool, key string) maintenance.Finding {
+	layout := func(p bool, key string) string {
 		if p {
-			return "partitioned by processed_at"
+			return "partitioned by " + key
 		}
 		return "not partitioned"
 	}
-	want := m.s.config.Partitioning != NoPartitioning
-	f := maintenance.Finding{Aspect: maintenance.AspectLayout, OK: partitioned == want, Found: layout(partitioned), Want: layout(want)}
+	want, wantKey := m.s.config.Partitioning != NoPartitioning, m.s.config.PartitionKey.column()
+	f := maintenance.Finding{
+		Aspect: maintenance.AspectLayout, OK: partitioned == want && (!want || key == wantKey),
+		Found: layout(partitioned, key), Want: layout(want, wantKey),
+	}
 	if want {
 		f.Want += " (" + m.s.config.Partitioning.String() + ")"
 	}
@@ -121,11 +136,16 @@ func typeOf(cols []column, name string) (string, bool) {
 	return cols[i].typ, true
 }
 
-// columnsFinding compares the claim's three columns.
-func columnsFinding(q maintenanceQueries, cols []column) maintenance.Finding {
+// columnsFinding compares the claim's columns: three, and event_time on a
+// table partitioned by it.
+func (m maintainer) columnsFinding(q maintenanceQueries, cols []column) maintenance.Finding {
 	f := maintenance.Finding{Aspect: maintenance.AspectColumns, OK: true}
 	var found, want []string
-	for _, name := range []string{"consumer", "event_id", "processed_at"} {
+	names := []string{"consumer", "event_id", "processed_at"}
+	if m.s.q.idTime {
+		names = append(names, "event_time")
+	}
+	for _, name := range names {
 		typ, ok := typeOf(cols, name)
 		if !ok {
 			typ = "missing"

@@ -40,6 +40,10 @@ type queries struct {
 	// claim inserts (consumer, event_id) and affects one row when the pair is
 	// new, zero when it already exists; it must never fail on a conflict.
 	claim string
+	// idTime makes the time inside the event id the claim's third
+	// parameter (and the fingerprint read's), before the fingerprint: the
+	// partition key of a table partitioned by EventIDTime.
+	idTime bool
 	// fingerprint reads the fingerprint stored with (consumer, event_id),
 	// for a duplicate under Config.Fingerprints. claim then takes the
 	// fingerprint as its third parameter.

@@ -29,6 +29,9 @@ func (postgresql) queries(t tableName, c Config) queries {
 	}
 	// On a partitioned table min() reads each partition's index.
 	oldest := fmt.Sprintf(`SELECT %s FROM %s`, pgUTC("min(processed_at)"), table)
+	if c.Partitioning != NoPartitioning && c.PartitionKey == EventIDTime {
+		return idTimeQueries(t, c, idType, fpCol)
+	}
 	if c.Partitioning != NoPartitioning {
 		q := partitionedQueries(t, c, idType, cols, fpCol, fpVal)
 		q.addFingerprint = fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS fingerprint bytea`, table)

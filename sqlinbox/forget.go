@@ -55,8 +55,10 @@ func (m maintainer) Claims(ctx context.Context, f maintenance.ClaimFilter) ([]ma
 //     a claim in flight (its row is not committed), so each pair is first
 //     inserted as a claim does: that waits for the claim in flight, and a
 //     claim arriving later waits for Forget, then finds no row.
-//   - PostgreSQL, partitioned table: the advisory lock on the event's key,
-//     which every claim takes first.
+//   - PostgreSQL, partitioned by processed_at: the advisory lock on the
+//     event's key, which every claim takes first.
+//   - PostgreSQL, partitioned by EventIDTime: as a plain table, each pair
+//     inserted with its id's time, into the partition its claim goes to.
 //   - MySQL/MariaDB: the rows' locks, through SELECT ... FOR UPDATE under
 //     REPEATABLE READ, whose gap locks also hold back claims of ids that
 //     have no row.
@@ -100,7 +102,19 @@ func (m maintainer) forget(ctx context.Context, q maintenanceQueries, consumer s
 	}
 	var placeholders map[string]bool
 	if q.forgetProbe != nil {
-		rows, err := tx.QueryContext(ctx, q.forgetProbe(n), args...)
+		probeArgs := args
+		if m.s.q.idTime {
+			// The probe also takes each id's time, after the ids.
+			probeArgs = slices.Clone(args)
+			for _, id := range ids {
+				at, err := m.s.eventIDTime(id)
+				if err != nil {
+					return nil, err
+				}
+				probeArgs = append(probeArgs, at)
+			}
+		}
+		rows, err := tx.QueryContext(ctx, q.forgetProbe(n), probeArgs...)
 		if err != nil {
 			return nil, err
 		}

@@ -52,15 +52,15 @@ func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
 		verify = func(ctx context.Context) error { return s.q.verify(ctx, s.db, s.q) }
 	}
 	return maintenance.ClaimSQL{
-		Before:       s.q.beforeClaim,
-		CheckBefore:  s.q.checkBeforeClaim,
-		Insert:       s.q.claim,
-		Fingerprints: s.config.Fingerprints,
-		Claimed:      s.claimed,
-		After:        s.q.afterClaim,
-		Fingerprint:  s.q.fingerprint,
-		Classify:     s.dialect.classify,
-		Verify:       verify,
+		Before:      s.q.beforeClaim,
+		CheckBefore: s.q.checkBeforeClaim,
+		Insert:      s.q.claim,
+		Args:        s.claimArgs,
+		Claimed:     s.claimed,
+		After:       s.q.afterClaim,
+		Fingerprint: s.q.fingerprint,
+		Classify:    s.dialect.classify,
+		Verify:      verify,
 	}
 }
 
@@ -114,8 +114,9 @@ type maintenanceQueries struct {
 	// forgetIsolation is the isolation level of Forget's transactions.
 	forgetIsolation sql.IsolationLevel
 
-	// kind returns "p" for a partitioned table, another value for a plain
-	// one, no row when it does not exist; "" where tables are not
+	// kind returns "p" for a partitioned table, followed by its partition
+	// key on PostgreSQL ("p RANGE (processed_at)"), another value for a
+	// plain one, no row when it does not exist; "" where tables are not
 	// partitioned: columns then tells whether the table exists.
 	kind string
 	// columns returns each column's name and type, spelled as in

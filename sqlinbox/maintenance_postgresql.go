@@ -48,7 +48,7 @@ FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s`
 		forgetDelete: func(n int) string {
 			return fmt.Sprintf(`DELETE FROM %s WHERE consumer = $1 AND event_id IN (%s) RETURNING %s`, table, ids(idType)(n), claim)
 		},
-		kind:    fmt.Sprintf(`SELECT relkind::text FROM pg_class WHERE oid = %s`, reg),
+		kind:    fmt.Sprintf(`SELECT relkind::text || COALESCE(' ' || pg_get_partkeydef(oid), '') FROM pg_class WHERE oid = %s`, reg),
 		columns: fmt.Sprintf(`SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, reg),
 		primaryKey: fmt.Sprintf(`SELECT a.attname::text FROM pg_index i
 	CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
@@ -57,7 +57,17 @@ WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.n`, reg),
 		indexLeads:  fmt.Sprintf(`SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] WHERE i.indrelid = %s`, reg),
 		wantColumns: map[string]string{"consumer": "text", "event_id": idType, "processed_at": "timestamp with time zone", "fingerprint": "bytea"},
 	}
-	if c.Partitioning != NoPartitioning {
+	if c.PartitionKey == EventIDTime {
+		q.wantColumns["event_time"] = "timestamp with time zone"
+		// Each id's time routes its placeholder to the partition its
+		// claim would go to, where the key's index entry is the lock.
+		q.forgetProbe = func(n int) string {
+			rows := placeholders(func(i int) string {
+				return fmt.Sprintf("($1::text, $%d::%s, $%d::timestamptz)", i, idType, i+n)
+			}, 2, n)
+			return fmt.Sprintf(`INSERT INTO %s (consumer, event_id, event_time) VALUES %s ON CONFLICT DO NOTHING RETURNING event_id::text`, table, rows)
+		}
+	} else if c.Partitioning != NoPartitioning {
 		// The claim's own lock on each event, in the ids' order: VALUES
 		// yields its rows in order, and count() evaluates each.
 		q.forgetLock = func(n int) string {

@@ -13,9 +13,10 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// Partitioning splits a PostgreSQL inbox table into time ranges of
-// processed_at, so that the purge drops whole partitions (instant, no dead
-// rows, no WAL per row) instead of deleting rows one by one.
+// Partitioning splits a PostgreSQL inbox table into time ranges, of
+// processed_at or of the time inside event ids (Config.PartitionKey), so
+// that the purge drops whole partitions (instant, no dead rows, no WAL per
+// row) instead of deleting rows one by one.
 type Partitioning int
 
 const (
@@ -39,6 +40,46 @@ func (p Partitioning) String() string {
 	return "Partitioning(" + strconv.Itoa(int(p)) + ")"
 }
 
+// PartitionKey is the time a partitioned table is split by.
+type PartitionKey int
+
+const (
+	// ProcessedAt partitions by when the claim was made. Any event id
+	// works, but a duplicate may arrive after its original's partition
+	// closed: each claim takes an advisory lock on the event and probes
+	// every partition's key index, costlier the more partitions there are.
+	ProcessedAt PartitionKey = iota
+	// EventIDTime partitions by the time inside the event id (UUIDv7 or
+	// ULID, see [inbox.TimeInEventID]), stored in an event_time column. Every
+	// copy of an event carries the same id, so every copy falls in the same
+	// partition, and the key (consumer, event_time, event_id) decides a
+	// duplicate as on a plain table: one index probe, no advisory lock, and
+	// on a pgxinbox.Store no round trip beyond the business write's. Ids
+	// without a time are refused with inbox.ErrInvalidEventID.
+	//
+	// An event whose time no partition covers (older than the oldest
+	// partition left by the purge, or further ahead than the partitions
+	// made) lands in the default partition, still deduplicated there, and
+	// is purged by its event time. An event older than the retention can
+	// no longer be recognised as a duplicate once its partition was
+	// dropped: set inbox.Config.MaxEventAge below the retention, with
+	// inbox.EventTimeFromEventID.
+	EventIDTime
+)
+
+func (k PartitionKey) String() string {
+	switch k {
+	case ProcessedAt:
+		return "processed_at"
+	case EventIDTime:
+		return "event_time"
+	}
+	return "PartitionKey(" + strconv.Itoa(int(k)) + ")"
+}
+
+// column is the table column the partitions range over.
+func (k PartitionKey) column() string { return k.String() }
+
 // defaultPartitionSuffix names the DEFAULT partition: it takes every row no
 // time partition covers, so a claim never fails for want of a partition.
 const defaultPartitionSuffix = "default"
@@ -50,10 +91,16 @@ func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
 func checkPartitioning(c Config) error {
 	switch c.Partitioning {
 	case NoPartitioning:
+		if c.PartitionKey != ProcessedAt {
+			return fmt.Errorf("PartitionKey: %s needs Partitioning Daily or Monthly", c.PartitionKey)
+		}
 		return nil
 	case Daily, Monthly:
 		if c.Dialect != PostgreSQL {
 			return fmt.Errorf("Partitioning: %s is only available on PostgreSQL, not %s", c.Partitioning, c.Dialect)
+		}
+		if c.PartitionKey != ProcessedAt && c.PartitionKey != EventIDTime {
+			return fmt.Errorf("PartitionKey: unknown value %d (use sqlinbox.ProcessedAt or EventIDTime)", int(c.PartitionKey))
 		}
 		return nil
 	}
@@ -97,6 +144,7 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 			pgCreateTable(table, idType, fpCol, "consumer, event_id, processed_at", " PARTITION BY RANGE (processed_at)"),
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s DEFAULT`, t.derived(defaultPartitionSuffix).quoted('"'), table),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
+			pgCreatePartitions(t, c),
 		},
 		// The primary key's (consumer, event_id) prefix makes the lookup
 		// one index probe per partition. ON CONFLICT DO NOTHING still
@@ -135,9 +183,9 @@ func pgEventLock(t tableName, consumer, eventID string) string {
 }
 
 // verifyLayout checks, before the first claim, that the table is
-// partitioned exactly when the Config says so. A partitioned table claimed
-// with the plain ON CONFLICT claim would let duplicates through, since its
-// key includes processed_at.
+// partitioned exactly when the Config says so, and by the Config's key. A
+// table partitioned by processed_at claimed with the plain ON CONFLICT
+// claim would let duplicates through, since its key includes processed_at.
 func verifyLayout(t tableName, c Config) func(ctx context.Context, db *sql.DB, q queries) error {
 	return func(ctx context.Context, db *sql.DB, _ queries) error { return checkLayout(ctx, db, t, c) }
 }
@@ -148,8 +196,8 @@ type rowQuerier interface {
 }
 
 func checkLayout(ctx context.Context, db rowQuerier, t tableName, c Config) error {
-	var kind sql.NullString
-	err := db.QueryRowContext(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, t.quoted('"')).Scan(&kind)
+	var kind, key sql.NullString
+	err := db.QueryRowContext(ctx, `SELECT relkind::text, pg_get_partkeydef(oid) FROM pg_class WHERE oid = to_regclass($1)`, t.quoted('"')).Scan(&kind, &key)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && !kind.Valid) {
 		return nil // no table yet: preparing the claim reports it
 	}
@@ -162,6 +210,9 @@ func checkLayout(ctx context.Context, db rowQuerier, t tableName, c Config) erro
 			return fmt.Errorf("sqlinbox: %s is partitioned but Config.Partitioning is %s: set it to the table's layout, or duplicates in different partitions would not be detected", t, c.Partitioning)
 		}
 		return fmt.Errorf("sqlinbox: %s is not partitioned but Config.Partitioning is %s", t, c.Partitioning)
+	}
+	if want := "RANGE (" + c.PartitionKey.column() + ")"; partitioned && key.String != want {
+		return fmt.Errorf("sqlinbox: %s is partitioned by %s but Config.PartitionKey is %s: set it to the table's key (sqlinbox.ProcessedAt or EventIDTime)", t, key.String, c.PartitionKey)
 	}
 	return nil
 }
@@ -357,4 +408,42 @@ func (p *purgeSession) dbTime(ctx context.Context, ago time.Duration) (time.Time
 		return time.Time{}, p.fail(ctx, "reading the clock of", err)
 	}
 	return at.UTC(), nil
+}
+
+// SchemaPartitionsAhead is how many partitions after the current period's
+// CreateSchema creates, as package purge's rounds do by default
+// (purge.DefaultPartitionsAhead): claims land in time partitions from the
+// first message, not in the default partition.
+const SchemaPartitionsAhead = 3
+
+// pgCreatePartitions is a DO block creating the partitions of the current
+// period (by the database clock, in UTC) and of the SchemaPartitionsAhead
+// next ones, named as partitionFor names them. It is the same text every
+// day, so SchemaSQL stays a fixed script. A partition the default
+// partition holds rows of (check_violation) or that overlaps an existing
+// one (invalid_object_definition, as after a change from monthly to daily)
+// is left out: the purge reports it.
+func pgCreatePartitions(t tableName, c Config) string {
+	from, to, suffix := `(date_trunc('day', now() AT TIME ZONE 'UTC') + i * interval '1 day')::date`, `d + 1`, "YYYYMMDD"
+	if c.Partitioning == Monthly {
+		from, to, suffix = `(date_trunc('month', now() AT TIME ZONE 'UTC') + i * interval '1 month')::date`, `(d + interval '1 month')::date`, "YYYYMM"
+	}
+	name := fmt.Sprintf(`format('%%I', '%s_p' || to_char(d, '%s'))`, t.name, suffix)
+	if t.schema != "" {
+		name = fmt.Sprintf(`format('%%I.%%I', '%s', '%s_p' || to_char(d, '%s'))`, t.schema, t.name, suffix)
+	}
+	return fmt.Sprintf(`DO $$
+DECLARE
+	d date;
+BEGIN
+	FOR i IN 0..%d LOOP
+		d := %s;
+		BEGIN
+			EXECUTE format('CREATE TABLE IF NOT EXISTS %%s PARTITION OF %s FOR VALUES FROM (%%L) TO (%%L)',
+				%s, d::text || ' 00:00:00+00', (%s)::text || ' 00:00:00+00');
+		EXCEPTION WHEN check_violation OR invalid_object_definition THEN
+			NULL;
+		END;
+	END LOOP;
+END $$`, SchemaPartitionsAhead, from, t.quoted('"'), name, to)
 }

@@ -14,15 +14,15 @@ var _ purgeDialect = postgresql{}
 func (postgresql) purgeQueries(t tableName, c Config) purgeQueries {
 	// In partitioned mode whole partitions are dropped; rows are deleted
 	// only from the default partition, which catches what no time
-	// partition covers.
-	table := t.quoted('"')
+	// partition covers, by the partition key's time.
+	table, at := t.quoted('"'), "processed_at"
 	if c.Partitioning != NoPartitioning {
-		table = t.derived(defaultPartitionSuffix).quoted('"')
+		table, at = t.derived(defaultPartitionSuffix).quoted('"'), c.PartitionKey.column()
 	}
 	dollar := func(n int) string { return fmt.Sprintf("$%d", n) }
 	// The cutoff is computed from the database clock; now() is the start of
 	// the batch's own transaction.
-	const expired = `processed_at < now() - $1::float8 * interval '1 microsecond'`
+	expired := at + ` < now() - $1::float8 * interval '1 microsecond'`
 	return purgeQueries{
 		// A session-level lock on the purge's dedicated connection, held
 		// for the whole round. The two-int4 form lives in a lock space of
@@ -33,15 +33,15 @@ func (postgresql) purgeQueries(t tableName, c Config) purgeQueries {
 		unlock:     `SELECT pg_advisory_unlock(hashtext('watermill_inbox purge'), $1::int)`,
 		setTimeout: `SELECT set_config('statement_timeout', $1, true)`,
 		deleteBatch: func(s scopeShape, _ time.Duration) string {
-			// The inner SELECT walks the processed_at index from the oldest
+			// The inner SELECT walks the time's index from the oldest
 			// row and stops after $n rows, so each batch costs the same
 			// however large the table is; ctid deletes exactly those
 			// tuples (a TID scan, no second index lookup).
 			return fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM %[1]s
 	WHERE %[2]s%[3]s
-	ORDER BY processed_at
-	LIMIT $%[4]d))`, table, expired, scopeFilter(s, dollar, 2), 2+s.params())
+	ORDER BY %[5]s
+	LIMIT $%[4]d))`, table, expired, scopeFilter(s, dollar, 2), 2+s.params(), at)
 		},
 		countExpired: func(s scopeShape) string {
 			return fmt.Sprintf(`SELECT consumer, count(*) FROM %s WHERE %s%s GROUP BY consumer`,

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
 // A table that inbox schema made passes every check; so does a read-only
@@ -99,6 +101,7 @@ func TestCheckPartitions(t *testing.T) {
 	require.Contains(t, out, "FAIL  layout: not partitioned, want partitioned by processed_at (daily)\n      -partitioning must describe the table as created")
 
 	f := setup(t, postgres, "-partitioning", "daily")
+	testdb.DropTimePartitions(t, f.db, f.table) // a table from before CreateSchema made them
 	code, out, _ = f.run(t, "check")
 	require.Equal(t, exitFailed, code)
 	require.Contains(t, out, "FAIL  layout: partitioned by processed_at, want not partitioned")

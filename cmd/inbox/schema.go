@@ -95,7 +95,7 @@ func applySchema(ctx context.Context, store *sqlinbox.Store, ahead int, stdout i
 		fmt.Fprintf(stdout, "added the fingerprint column to %s\n", store.Table())
 	}
 	if m.Partitioned() {
-		if err := createPartitions(ctx, m, ahead, stdout); err != nil {
+		if err := createPartitions(ctx, m, ahead, !before.Exists, stdout); err != nil {
 			return err
 		}
 	}
@@ -113,8 +113,9 @@ func applySchema(ctx context.Context, store *sqlinbox.Store, ahead int, stdout i
 var errMismatch = errors.New("the table does not match the configuration, and applying the schema does not change an existing table: check the flags against the table as created (inbox check says more)")
 
 // createPartitions makes the partitions of now and the next ahead periods,
-// as a purge round would.
-func createPartitions(ctx context.Context, m maintenance.Store, ahead int, stdout io.Writer) error {
+// as a purge round would. On a table just created it first lists those
+// CreateSchema made.
+func createPartitions(ctx context.Context, m maintenance.Store, ahead int, fresh bool, stdout io.Writer) error {
 	sess, ok, err := m.BeginPurge(ctx)
 	if err != nil {
 		return err
@@ -124,6 +125,15 @@ func createPartitions(ctx context.Context, m maintenance.Store, ahead int, stdou
 		return nil
 	}
 	defer sess.Close() //nolint:errcheck // Close discards the connection when the unlock fails
+	if fresh {
+		made, err := sess.Partitions(ctx)
+		if err != nil {
+			return err
+		}
+		for _, p := range made {
+			fmt.Fprintf(stdout, "created partition %s\n", p.Name)
+		}
+	}
 	created, _, err := sess.CreatePartitions(ctx, ahead, purge.DefaultLockTimeout)
 	for _, p := range created {
 		fmt.Fprintf(stdout, "created partition %s\n", p.Name)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
 // statsFixture has billing's claims: 40 three days old, 1 five hours old,
@@ -60,6 +62,7 @@ func TestStats(t *testing.T) {
 func TestStatsPartitions(t *testing.T) {
 	t.Parallel()
 	f := setup(t, postgres, "-partitioning", "daily")
+	testdb.DropTimePartitions(t, f.db, f.table) // a table from before CreateSchema made them
 	code, out, errOut := f.run(t, "schema", "-partitioning", "daily", "-apply", "-partitions-ahead", "1")
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "created partition "+f.table+"_p")

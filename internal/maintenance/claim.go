@@ -13,15 +13,16 @@ type ClaimSQL struct {
 	// table's lock on the event's key).
 	Before      string
 	CheckBefore func(result string) error
-	// Insert inserts the claim with the consumer, the event id and, when
-	// Fingerprints is set, the fingerprint (nil: NULL). It affects one row
-	// for a new claim and none for a duplicate; Claimed reads the count.
-	Insert       string
-	Fingerprints bool
-	Claimed      func(rowsAffected int64) (bool, error)
+	// Insert inserts the claim with the parameters Args returns. It
+	// affects one row for a new claim and none for a duplicate; Claimed
+	// reads the count.
+	Insert  string
+	Args    func(consumer, eventID string, fingerprint []byte) ([]any, error)
+	Claimed func(rowsAffected int64) (bool, error)
 	// After, when not empty, runs after a new claim, before the handler.
 	After string
-	// Fingerprint reads the fingerprint stored with (consumer, event id).
+	// Fingerprint reads the fingerprint stored with (consumer, event id),
+	// with Insert's parameters but the last (the fingerprint).
 	Fingerprint string
 	// Classify turns a driver error into one the middleware understands
 	// (lock timeouts wrap inbox.ErrInFlight).

@@ -132,3 +132,44 @@ func SQLite(t testing.TB) *sql.DB {
 	t.Helper()
 	return Open(t, "sqlite", sqlinbox.SQLiteDSN(SQLiteFile(t)))
 }
+
+// TimePartitions lists the time partitions of a partitioned PostgreSQL
+// inbox table by name, which sorts them by time; the default partition is
+// left out.
+func TimePartitions(t testing.TB, db *sql.DB, table string) []string {
+	t.Helper()
+	rows, err := db.Query(`SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = to_regclass($1) AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT' ORDER BY 1`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	names := []string{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, name)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// DropTimePartitions drops the time partitions of a partitioned PostgreSQL
+// inbox table, keeping its default partition: the table as an earlier
+// release's CreateSchema left it, before the purge's first round.
+func DropTimePartitions(t testing.TB, db *sql.DB, table string) {
+	t.Helper()
+	names := TimePartitions(t, db, table)
+	if len(names) == 0 {
+		t.Fatalf("%s has no time partitions to drop", table)
+	}
+	for _, name := range names {
+		if _, err := db.Exec(`DROP TABLE ` + name); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
