@@ -15,7 +15,7 @@ import (
 
 // remedies say what to do about a failed finding, per aspect.
 var remedies = map[string]string{
-	maintenance.AspectLayout:      "-partitioning must describe the table as created; a partitioned table claimed as a plain one lets duplicates through",
+	maintenance.AspectLayout:      "-partitioning and -partition-key must describe the table as created; a partitioned table claimed as a plain one lets duplicates through",
 	maintenance.AspectColumns:     "the table was made for another configuration (-uuid-event-ids), or is not an inbox table: check -table and the flags",
 	maintenance.AspectFingerprint: "add the column: inbox schema -add-fingerprint-column -apply (or its printed statement in a migration)",
 	maintenance.AspectPrimaryKey:  "the inbox detects duplicates by this key: recreate the table from inbox schema",

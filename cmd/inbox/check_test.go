@@ -98,7 +98,7 @@ func TestCheckPartitions(t *testing.T) {
 	plain := setup(t, postgres)
 	code, out, _ := plain.run(t, "check", "-partitioning", "daily")
 	require.Equal(t, exitFailed, code)
-	require.Contains(t, out, "FAIL  layout: not partitioned, want partitioned by processed_at (daily)\n      -partitioning must describe the table as created")
+	require.Contains(t, out, "FAIL  layout: not partitioned, want partitioned by processed_at (daily)\n      -partitioning and -partition-key must describe the table as created")
 
 	f := setup(t, postgres, "-partitioning", "daily")
 	testdb.DropTimePartitions(t, f.db, f.table) // a table from before CreateSchema made them
@@ -120,4 +120,24 @@ func TestCheckPartitions(t *testing.T) {
 	code, out, _ = f.run(t, "check", "-partitioning", "daily", "-partitions-ahead", "5")
 	require.Equal(t, exitFailed, code)
 	require.Contains(t, out, "missing")
+}
+
+// A table partitioned by the time inside event ids checks out with the
+// flags it was made with, and is told apart from one partitioned by
+// processed_at.
+func TestCheckEventTimePartitions(t *testing.T) {
+	t.Parallel()
+	flags := []string{"-partitioning", "daily", "-partition-key", "event_time"}
+	f := setup(t, postgres, flags...)
+	code, out, errOut := f.run(t, "check", flags...)
+	require.Equal(t, exitOK, code, out+errOut)
+	require.Contains(t, out, "ok    layout: partitioned by event_time\n")
+	require.Contains(t, out, "ok    primary key: consumer, event_time, event_id\n")
+	code, out, _ = f.run(t, "check", "-partitioning", "daily")
+	require.Equal(t, exitFailed, code)
+	require.Contains(t, out, "FAIL  layout: partitioned by event_time, want partitioned by processed_at (daily)")
+	code, out, errOut = f.run(t, "purge", append(flags, "-retention", "2d")...)
+	require.Equal(t, exitOK, code, out+errOut)
+	code, _, _ = f.run(t, "check", "-partition-key", "event_time")
+	require.Equal(t, exitUsage, code, "event_time needs partitions")
 }

@@ -35,6 +35,11 @@ var partitionings = map[string]sqlinbox.Partitioning{
 	"monthly": sqlinbox.Monthly,
 }
 
+var partitionKeys = map[string]sqlinbox.PartitionKey{
+	"processed_at": sqlinbox.ProcessedAt,
+	"event_time":   sqlinbox.EventIDTime,
+}
+
 // connectTimeout bounds connecting: a server that does not answer (a
 // firewall dropping packets) must not hang a deployment pipeline.
 const connectTimeout = 15 * time.Second
@@ -42,8 +47,8 @@ const connectTimeout = 15 * time.Second
 // database holds the flags every subcommand reads to reach the inbox
 // table, registered on each subcommand's flag set by addDatabaseFlags.
 type database struct {
-	dsn, dialect, table, partitioning string
-	uuidEventIDs, fingerprints        bool
+	dsn, dialect, table, partitioning, partitionKey string
+	uuidEventIDs, fingerprints                      bool
 }
 
 func addDatabaseFlags(fs *flag.FlagSet) *database {
@@ -52,6 +57,7 @@ func addDatabaseFlags(fs *flag.FlagSet) *database {
 	fs.StringVar(&d.dialect, "dialect", "postgresql", "postgresql, mysql or sqlite")
 	fs.StringVar(&d.table, "table", sqlinbox.DefaultTable, "inbox table, optionally schema.table")
 	fs.StringVar(&d.partitioning, "partitioning", "none", "the table's layout on PostgreSQL: none, daily or monthly (as created)")
+	fs.StringVar(&d.partitionKey, "partition-key", "processed_at", "the time a partitioned table is split by: processed_at, or event_time, the time inside event ids (sqlinbox.EventIDTime)")
 	fs.BoolVar(&d.uuidEventIDs, "uuid-event-ids", false, "the table stores UUID event ids (sqlinbox.Config.UUIDEventIDs)")
 	fs.BoolVar(&d.fingerprints, "fingerprints", false, "the table has the fingerprint column (sqlinbox.Config.Fingerprints)")
 	return d
@@ -68,10 +74,15 @@ func (d *database) config() (sqlinbox.Config, string, error) {
 	if !ok {
 		return sqlinbox.Config{}, "", usage("-partitioning %q: use none, daily or monthly", d.partitioning)
 	}
+	key, ok := partitionKeys[d.partitionKey]
+	if !ok {
+		return sqlinbox.Config{}, "", usage("-partition-key %q: use processed_at or event_time", d.partitionKey)
+	}
 	return sqlinbox.Config{
 		Dialect:      dl.dialect,
 		Table:        d.table,
 		Partitioning: part,
+		PartitionKey: key,
 		UUIDEventIDs: d.uuidEventIDs,
 		Fingerprints: d.fingerprints,
 	}, dl.driver, nil
