@@ -272,48 +272,12 @@ func (a *Admin) PrefillPartitioned(ctx context.Context, table string, mode sqlin
 	if err := a.CreateInbox(ctx, c); err != nil {
 		return err
 	}
-	var today time.Time
-	if err := a.db.QueryRowContext(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&today); err != nil {
-		return err
-	}
-	today = today.UTC()
-	// The partitions of the past days, named as the purge names its own
-	// (table_pYYYYMMDD, or table_pYYYYMM) so that it lists and drops them.
-	var last time.Time
-	for d := days; d >= 1; d-- {
-		from, to, suffix := today.AddDate(0, 0, -d), today.AddDate(0, 0, -d+1), "20060102"
-		if mode == sqlinbox.Monthly {
-			from = time.Date(from.Year(), from.Month(), 1, 0, 0, 0, 0, time.UTC)
-			to, suffix = from.AddDate(0, 1, 0), "200601"
-		}
-		if from.Equal(last) {
-			continue // a month already created for an earlier day
-		}
-		last = from
-		_, err := a.db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s_p%s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
-			table, from.Format(suffix), table, from.Format(time.RFC3339), to.Format(time.RFC3339)))
-		if err != nil {
-			return fmt.Errorf("creating the partition of %s: %w", from.Format(time.DateOnly), err)
-		}
-	}
-	store, err := sqlinbox.New(a.db, c)
+	today, err := a.pastPartitions(ctx, table, mode, days)
 	if err != nil {
 		return err
 	}
-	ps, ok, err := store.Maintenance().BeginPurge(ctx)
-	if err != nil {
+	if err := a.partitionsAhead(ctx, c, ahead); err != nil {
 		return err
-	}
-	if !ok {
-		return fmt.Errorf("another session holds the purge lock of %s", table)
-	}
-	_, blocked, err := ps.CreatePartitions(ctx, ahead, 10*time.Second)
-	_ = ps.Close()
-	if err != nil {
-		return err
-	}
-	if len(blocked) > 0 {
-		return fmt.Errorf("the default partition of %s holds rows of %v: drop the table to prefill it again", table, blocked)
 	}
 	const chunk = 1_000_000
 	filled := false
@@ -343,6 +307,61 @@ FROM generate_series($2::bigint, $3::bigint) i ORDER BY 2 ON CONFLICT DO NOTHING
 		if _, err := a.db.ExecContext(ctx, `VACUUM ANALYZE `+table); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// pastPartitions creates the partitions of the days UTC days before today
+// (or of their months), named as the purge names its own (table_pYYYYMMDD,
+// or table_pYYYYMM) so that it lists and drops them, and returns the start
+// of today by the database clock.
+func (a *Admin) pastPartitions(ctx context.Context, table string, mode sqlinbox.Partitioning, days int) (time.Time, error) {
+	var today time.Time
+	if err := a.db.QueryRowContext(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&today); err != nil {
+		return time.Time{}, err
+	}
+	today = today.UTC()
+	var last time.Time
+	for d := days; d >= 1; d-- {
+		from, to, suffix := today.AddDate(0, 0, -d), today.AddDate(0, 0, -d+1), "20060102"
+		if mode == sqlinbox.Monthly {
+			from = time.Date(from.Year(), from.Month(), 1, 0, 0, 0, 0, time.UTC)
+			to, suffix = from.AddDate(0, 1, 0), "200601"
+		}
+		if from.Equal(last) {
+			continue // a month already created for an earlier day
+		}
+		last = from
+		_, err := a.db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s_p%s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
+			table, from.Format(suffix), table, from.Format(time.RFC3339), to.Format(time.RFC3339)))
+		if err != nil {
+			return time.Time{}, fmt.Errorf("creating the partition of %s: %w", from.Format(time.DateOnly), err)
+		}
+	}
+	return today, nil
+}
+
+// partitionsAhead has the purge create the current partition of c's table
+// and the ahead next ones, as a purge running daily keeps them.
+func (a *Admin) partitionsAhead(ctx context.Context, c sqlinbox.Config, ahead int) error {
+	store, err := sqlinbox.New(a.db, c)
+	if err != nil {
+		return err
+	}
+	ps, ok, err := store.Maintenance().BeginPurge(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("another session holds the purge lock of %s", c.Table)
+	}
+	_, blocked, err := ps.CreatePartitions(ctx, ahead, 10*time.Second)
+	_ = ps.Close()
+	if err != nil {
+		return err
+	}
+	if len(blocked) > 0 {
+		return fmt.Errorf("the default partition of %s holds rows of %v: drop the table to prefill it again", c.Table, blocked)
 	}
 	return nil
 }

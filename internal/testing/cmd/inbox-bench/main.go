@@ -59,6 +59,7 @@ type options struct {
 	rounds   int
 	prefill  int64
 	prefillP string
+	prefillK string
 	prefillT string // the -prefill table, instead of the name kept between runs (tests)
 	sample   int
 	dupIDs   int
@@ -83,6 +84,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per concurrency")
 	flag.Int64Var(&o.prefill, "prefill", 0, "also run against an inbox already holding this many claims (kept between runs as inbox_bench_prefill_N)")
 	flag.StringVar(&o.prefillP, "prefill-partitioning", "none", "layout of the -prefill table: none, daily or monthly (PostgreSQL: sqlinbox.Daily or Monthly, kept as inbox_bench_prefill_daily_N or _monthly_N, the claims spread over the 14 days before today)")
+	flag.StringVar(&o.prefillK, "prefill-key", "processed_at", "partition key of a partitioned -prefill table: processed_at, or event_time (sqlinbox.EventIDTime: UUIDv7 ids in a uuid column, kept as inbox_bench_prefill_idtime_daily_N; implies -v7-ids)")
 	flag.IntVar(&o.sample, "sample", 500, "messages per sample of the one-at-a-time cost pass")
 	flag.IntVar(&o.dupIDs, "dup-ids", 1000, "distinct events redelivered by the duplicates mode")
 	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
@@ -181,6 +183,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 	}
 	defer admin.Close()
 	full, fullConfig := "", sqlinbox.Config{}
+	var fullDups bench.Messages
 	if o.prefill > 0 {
 		full = fmt.Sprintf("inbox_bench_prefill_%d", o.prefill)
 		if o.prefillP == "daily" || o.prefillP == "monthly" {
@@ -196,6 +199,9 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 				last = time.Now()
 			}
 		}
+		if o.prefillK != "processed_at" && (o.prefillK != "event_time" || o.prefillP == "none" || o.prefillP == "") {
+			return fmt.Errorf("-prefill-key %q: use processed_at, or event_time with -prefill-partitioning daily or monthly", o.prefillK)
+		}
 		switch o.prefillP {
 		case "none", "":
 			fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims (the table is kept for later runs)\n", full, d.Dialect(), o.prefill)
@@ -204,6 +210,19 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 			fullConfig.Partitioning = sqlinbox.Daily
 			if o.prefillP == "monthly" {
 				fullConfig.Partitioning = sqlinbox.Monthly
+			}
+			if o.prefillK == "event_time" {
+				if o.prefillT == "" {
+					full = fmt.Sprintf("inbox_bench_prefill_idtime_%s_%d", o.prefillP, o.prefill)
+				}
+				fullConfig.Table = full
+				fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims, UUIDv7 ids, in %s partitions by event time over %d days back, %d partitions ahead (the table is kept for later runs)\n",
+					full, d.Dialect(), o.prefill, o.prefillP, prefillDays, prefillAhead)
+				var filledOn time.Time
+				filledOn, err = admin.PrefillIDTime(ctx, fullConfig, o.prefill, prefillDays, prefillAhead, progress)
+				fullConfig.PartitionKey, fullConfig.UUIDEventIDs = sqlinbox.EventIDTime, true
+				fullDups = bench.PrefilledIDTimeDuplicates(o.prefill, filledOn, prefillDays)
+				break
 			}
 			fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims in %s partitions over %d days back, %d partitions ahead (the table is kept for later runs)\n",
 				full, d.Dialect(), o.prefill, o.prefillP, prefillDays, prefillAhead)
@@ -214,6 +233,9 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		fullConfig.Table = full
 		if err != nil {
 			return fmt.Errorf("prefilling %s: %w", full, err)
+		}
+		if fullDups == nil {
+			fullDups = bench.PrefilledDuplicates(o.prefill)
 		}
 	}
 
@@ -242,7 +264,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		dupIDs[i] = watermill.NewUUID()
 	}
 	fresh := bench.NewMessages
-	if o.v7IDs {
+	if o.v7IDs || o.prefillK == "event_time" {
 		fresh = bench.NewTimeOrderedMessages
 	}
 	dedup := &middleware.Deduplicator{KeyFactory: middleware.MessageHasher(inbox.DefaultEventID)}
@@ -259,7 +281,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		}
 		modes = append(modes,
 			mode{"inbox-full", fullH, fresh()},
-			mode{"dup-full", fullH, bench.PrefilledDuplicates(o.prefill)})
+			mode{"dup-full", fullH, fullDups})
 	}
 	modes, err = selectModes(modes, o.modes)
 	if err != nil {
