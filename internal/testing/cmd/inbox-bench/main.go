@@ -84,7 +84,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "interleaved rounds per concurrency")
 	flag.Int64Var(&o.prefill, "prefill", 0, "also run against an inbox already holding this many claims (kept between runs as inbox_bench_prefill_N)")
 	flag.StringVar(&o.prefillP, "prefill-partitioning", "none", "layout of the -prefill table: none, daily or monthly (PostgreSQL: sqlinbox.Daily or Monthly, kept as inbox_bench_prefill_daily_N or _monthly_N, the claims spread over the 14 days before today)")
-	flag.StringVar(&o.prefillK, "prefill-key", "processed_at", "partition key of a partitioned -prefill table: processed_at, or event_time (sqlinbox.EventIDTime: UUIDv7 ids in a uuid column, kept as inbox_bench_prefill_idtime_daily_N; implies -v7-ids)")
+	flag.StringVar(&o.prefillK, "prefill-key", "processed_at", "partition key of a partitioned -prefill table: processed_at, or event_time (sqlinbox.EventIDTime: UUIDv7 ids in a uuid column, kept as inbox_bench_idtime_daily_N; implies -v7-ids)")
 	flag.IntVar(&o.sample, "sample", 500, "messages per sample of the one-at-a-time cost pass")
 	flag.IntVar(&o.dupIDs, "dup-ids", 1000, "distinct events redelivered by the duplicates mode")
 	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
@@ -213,7 +213,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 			}
 			if o.prefillK == "event_time" {
 				if o.prefillT == "" {
-					full = fmt.Sprintf("inbox_bench_prefill_idtime_%s_%d", o.prefillP, o.prefill)
+					full = fmt.Sprintf("inbox_bench_idtime_%s_%d", o.prefillP, o.prefill)
 				}
 				fullConfig.Table = full
 				fmt.Fprintf(o.out, "\nprefilling %s on %s with %d claims, UUIDv7 ids, in %s partitions by event time over %d days back, %d partitions ahead (the table is kept for later runs)\n",
