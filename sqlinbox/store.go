@@ -285,11 +285,20 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 			return false, err
 		}
 	}
-	args, err := s.claimArgs(consumer, eventID, fingerprint)
-	if err != nil {
-		return false, err
+	var (
+		res sql.Result
+		err error
+	)
+	if !s.q.idTime && !s.config.Fingerprints {
+		// The common case without building a slice: one allocation less.
+		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, consumer, eventID)
+	} else {
+		var args []any
+		if args, err = s.claimArgs(consumer, eventID, fingerprint); err != nil {
+			return false, err
+		}
+		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
 	}
-	res, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
 	if err != nil {
 		return false, s.dialect.classify(err)
 	}
