@@ -8,6 +8,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -179,4 +180,22 @@ func exampleStore() (db *sql.DB, store *sqlinbox.Store, done func()) {
 		log.Fatal(err)
 	}
 	return db, store, done
+}
+
+// The time a UUIDv7 or a ULID event id carries: what a table partitioned
+// by sqlinbox.EventIDTime splits by, and what MaxEventAge can age events
+// by, with EventTimeFromEventID.
+func ExampleTimeInEventID() {
+	for _, id := range []string{
+		"017f22e2-79b0-7cc3-98c4-dc0c0c07398f", // UUIDv7
+		"01FWHE4YDG7V1ZYXG2PK1JSEH8",           // ULID, as watermill.NewULID makes
+		"4d9a9c3e-8f0e-4f6b-9a57-7a2c4f1f3b2d", // UUIDv4: random, no time
+	} {
+		at, ok := inbox.TimeInEventID(id)
+		fmt.Println(at.Format(time.RFC3339Nano), ok)
+	}
+	// Output:
+	// 2022-02-22T19:22:22Z true
+	// 2022-02-22T19:22:22Z true
+	// 0001-01-01T00:00:00Z false
 }
