@@ -440,7 +440,7 @@ BEGIN
 		d := %s;
 		BEGIN
 			EXECUTE format('CREATE TABLE IF NOT EXISTS %%s PARTITION OF %s FOR VALUES FROM (%%L) TO (%%L)',
-				%s, d::text || ' 00:00:00+00', (%s)::text || ' 00:00:00+00');
+				%s, to_char(d, 'YYYY-MM-DD') || ' 00:00:00+00', to_char(%s, 'YYYY-MM-DD') || ' 00:00:00+00');
 		EXCEPTION WHEN check_violation OR invalid_object_definition THEN
 			NULL;
 		END;
