@@ -10,6 +10,12 @@
 //	go run ./cmd/inbox-bench -prefill 10000000             # also against an inbox holding 10M claims
 //	go run ./cmd/inbox-bench -drivers pgx -prefill 10000000 -prefill-partitioning daily  # 10M claims in daily partitions
 //	go run ./cmd/inbox-bench -drivers pgx -c 8 -duration 5s -rounds 5
+//	go run ./cmd/inbox-bench -drivers pgx,pgx-stdlib -rtt 500us            # as if the database were 0.5 ms away
+//
+// On loopback a round trip costs 30-60 µs, which hides what a round trip
+// saved is worth (native pgx sends BEGIN with the claim); -rtt puts an
+// in-process delay proxy (bench.Latency) between the program and the
+// database on every measured connection, bare and inbox alike.
 //
 // Per driver it prints first the cost of one message, measured one at a
 // time: round trips on the wire, WAL bytes (PostgreSQL; the smallest of
@@ -66,6 +72,7 @@ type options struct {
 	modes    string
 	kafka    int
 	uuidIDs  bool
+	rtt      time.Duration
 	out      io.Writer
 }
 
@@ -88,6 +95,7 @@ func main() {
 	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
 	flag.BoolVar(&o.v7IDs, "v7-ids", false, "new events get time-ordered UUIDv7 ids instead of random UUIDv4 ones")
 	flag.BoolVar(&o.uuidIDs, "uuid-ids", false, "the empty inbox stores event ids in a native UUID column (sqlinbox.Config.UUIDEventIDs)")
+	flag.DurationVar(&o.rtt, "rtt", 0, "network round trip added to every measured connection by an in-process proxy, e.g. 500us (0: direct; SQLite has no network)")
 	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
@@ -152,11 +160,18 @@ func run(ctx context.Context, o options) error {
 		defer os.RemoveAll(dir)
 		o.sqlite = filepath.Join(dir, "bench.db")
 	}
-	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: one row, no index, own transaction\n",
-		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration)
+	network := "direct"
+	var lat *bench.Latency
+	if o.rtt > 0 {
+		network = fmt.Sprintf("+%s round trip through an in-process delay proxy", o.rtt)
+		lat = bench.NewLatency(o.rtt)
+		defer lat.Close()
+	}
+	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: one row, no index, own transaction, network: %s\n",
+		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration, network)
 	fmt.Fprintln(o.out, "dedup = watermill middleware.Deduplicator: in memory, not durable, drops the redelivery of a message whose handler failed")
 	for _, d := range drivers {
-		if err := runDriver(ctx, o, d); err != nil {
+		if err := runDriver(ctx, o, d, lat); err != nil {
 			return fmt.Errorf("%s: %w", d.Name, err)
 		}
 	}
@@ -173,7 +188,9 @@ func (o options) dsnFor(d bench.Driver) string {
 	return o.dsn
 }
 
-func runDriver(ctx context.Context, o options, d bench.Driver) error {
+// runDriver measures d; lat, when not nil, adds its round trip to every
+// measured connection (not to the admin pool's setup and WAL readings).
+func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latency) error {
 	dsn := o.dsnFor(d)
 	admin, err := bench.OpenAdmin(ctx, d, dsn)
 	if err != nil {
@@ -227,6 +244,9 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		return err
 	}
 	var rt bench.RoundTrips
+	if lat != nil && !d.Embedded {
+		rt.Through(lat)
+	}
 	conn, err := d.Open(ctx, dsn, slices.Max(o.conc), &rt)
 	if err != nil {
 		return err

@@ -29,6 +29,23 @@ func TestSmoke(t *testing.T) {
 	requireNoErrors(t, out.String())
 }
 
+// With a simulated round trip every measured connection goes through the
+// delay proxy, and round trips are still counted on the wire: native pgx's
+// BEGIN and claim travel together, so the inbox adds none.
+func TestRTTSmoke(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	err := run(context.Background(), options{
+		drivers: "postgresql,mysql", dsn: testdb.PostgresDSN(), mysqlDSN: testdb.MySQLDSN(), conc: []int{2}, rtt: 500 * time.Microsecond,
+		duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, modes: "bare,inbox,dup", out: &out,
+	})
+	require.NoError(t, err, out.String())
+	require.Contains(t, out.String(), "network: +500µs round trip")
+	_, pgx, _ := strings.Cut(out.String(), "== postgresql/pgx\n")
+	require.Regexp(t, `(?m)^\s+bare\s+3\.00\s.*\n\s+inbox\s+3\.00\s`, pgx)
+	requireNoErrors(t, out.String())
+}
+
 // The end-to-end run through an in-process Kafka broker works too.
 func TestKafkaSmoke(t *testing.T) {
 	t.Parallel()
