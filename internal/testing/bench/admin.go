@@ -26,7 +26,9 @@ type Admin struct {
 type database struct {
 	dialect   sqlinbox.Dialect
 	sqlDriver string // database/sql driver name of the admin pool
-	textType  string // the business table's id column
+	textType  string // the business tables' event id columns
+	identity  string // the invoice table's generated bigint key
+	createdAt string // the invoice table's creation time, set by the server
 	truncate  string // statement prefix emptying one table
 	ph        func(n int) string
 	prefill   func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error
@@ -35,7 +37,9 @@ type database struct {
 var (
 	postgresDB = &database{
 		dialect: sqlinbox.PostgreSQL, sqlDriver: "pgx", textType: "text", truncate: "TRUNCATE ",
-		ph: func(n int) string { return fmt.Sprintf("$%d", n) },
+		identity:  "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+		createdAt: "timestamptz NOT NULL DEFAULT now()",
+		ph:        func(n int) string { return fmt.Sprintf("$%d", n) },
 		prefill: func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error {
 			_, err := db.ExecContext(ctx, `INSERT INTO `+table+` (consumer, event_id)
 SELECT $1, md5(i::text)::uuid::text FROM generate_series($2::bigint, $3::bigint) i ORDER BY 2 ON CONFLICT DO NOTHING`, Consumer, lo, hi)
@@ -44,7 +48,9 @@ SELECT $1, md5(i::text)::uuid::text FROM generate_series($2::bigint, $3::bigint)
 	}
 	mysqlDB = &database{
 		dialect: sqlinbox.MySQL, sqlDriver: "mysql", textType: "VARCHAR(64)", truncate: "TRUNCATE TABLE ",
-		ph: func(int) string { return "?" },
+		identity:  "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+		createdAt: "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+		ph:        func(int) string { return "?" },
 		// MariaDB's SEQUENCE engine numbers the rows.
 		prefill: func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error {
 			_, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, event_id)
@@ -55,7 +61,10 @@ FROM (SELECT MD5(seq) AS h FROM seq_%d_to_%d) s ORDER BY h ON DUPLICATE KEY UPDA
 	}
 	sqliteDB = &database{
 		dialect: sqlinbox.SQLite, sqlDriver: "sqlite", textType: "TEXT", truncate: "DELETE FROM ",
-		ph: func(int) string { return "?" },
+		// The rowid, as an identity column would be.
+		identity:  "INTEGER PRIMARY KEY",
+		createdAt: "TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+		ph:        func(int) string { return "?" },
 		prefill: func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error {
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
@@ -92,13 +101,6 @@ func OpenAdmin(ctx context.Context, d Driver, dsn string) (*Admin, error) {
 
 // Close closes the admin pool.
 func (a *Admin) Close() error { return a.db.Close() }
-
-// CreateEffects creates the business table: the smallest write a handler
-// can make, one row in a table without indexes.
-func (a *Admin) CreateEffects(ctx context.Context, table string) error {
-	_, err := a.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (event_id `+a.d.textType+` NOT NULL)`)
-	return err
-}
 
 // CreateInbox creates the inbox table of c through the library, as users
 // do; the dialect is the admin's.

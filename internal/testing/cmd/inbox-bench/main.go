@@ -1,7 +1,7 @@
 // Command inbox-bench measures what the inbox costs, side by side in one
-// process: the same handler and business write (one row in its own
-// transaction) bare, behind the inbox, fed duplicates, and behind Watermill's
-// in-memory Deduplicator, for each driver and concurrency, in interleaved
+// process: the same handler and business write (-write; by default one
+// row in its own transaction) bare, behind the inbox, fed duplicates, and
+// behind Watermill's in-memory Deduplicator, for each driver and concurrency, in interleaved
 // rounds so that the ratios compare runs made under the same load.
 //
 // From internal/testing, the test rig's module:
@@ -11,11 +11,15 @@
 //	go run ./cmd/inbox-bench -drivers pgx -prefill 10000000 -prefill-partitioning daily  # 10M claims in daily partitions
 //	go run ./cmd/inbox-bench -drivers pgx -c 8 -duration 5s -rounds 5
 //	go run ./cmd/inbox-bench -drivers pgx,pgx-stdlib -rtt 500us            # as if the database were 0.5 ms away
+//	go run ./cmd/inbox-bench -drivers pgx -write invoice                   # an invoice and a running total per message
 //
 // On loopback a round trip costs 30-60 µs, which hides what a round trip
 // saved is worth (native pgx sends BEGIN with the claim); -rtt puts an
 // in-process delay proxy (bench.Latency) between the program and the
-// database on every measured connection, bare and inbox alike.
+// database on every measured connection, bare and inbox alike. The default
+// business write is the worst case for the ratio (the claim writes as much
+// as the handler); -write invoice is a handler's usual write: an indexed row
+// and the update of a running total.
 //
 // Per driver it prints first the cost of one message, measured one at a
 // time: round trips on the wire, WAL bytes (PostgreSQL; the smallest of
@@ -73,6 +77,7 @@ type options struct {
 	kafka    int
 	uuidIDs  bool
 	rtt      time.Duration
+	write    string
 	out      io.Writer
 }
 
@@ -96,6 +101,7 @@ func main() {
 	flag.BoolVar(&o.v7IDs, "v7-ids", false, "new events get time-ordered UUIDv7 ids instead of random UUIDv4 ones")
 	flag.BoolVar(&o.uuidIDs, "uuid-ids", false, "the empty inbox stores event ids in a native UUID column (sqlinbox.Config.UUIDEventIDs)")
 	flag.DurationVar(&o.rtt, "rtt", 0, "network round trip added to every measured connection by an in-process proxy, e.g. 500us (0: direct; SQLite has no network)")
+	flag.StringVar(&o.write, "write", "one-row", "business write per message: "+strings.Join(bench.WriteKinds, ", ")+" (one-row: one row, no index; invoice: an indexed invoice row and a customer's running total)")
 	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
@@ -160,6 +166,12 @@ func run(ctx context.Context, o options) error {
 		defer os.RemoveAll(dir)
 		o.sqlite = filepath.Join(dir, "bench.db")
 	}
+	if o.write == "" {
+		o.write = "one-row"
+	}
+	if !slices.Contains(bench.WriteKinds, o.write) {
+		return fmt.Errorf("-write: %q is not one of %s", o.write, strings.Join(bench.WriteKinds, ", "))
+	}
 	network := "direct"
 	var lat *bench.Latency
 	if o.rtt > 0 {
@@ -167,8 +179,8 @@ func run(ctx context.Context, o options) error {
 		lat = bench.NewLatency(o.rtt)
 		defer lat.Close()
 	}
-	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: one row, no index, own transaction, network: %s\n",
-		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration, network)
+	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: %s: %s, network: %s\n",
+		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration, o.write, bench.DescribeWrite(o.write), network)
 	fmt.Fprintln(o.out, "dedup = watermill middleware.Deduplicator: in memory, not durable, drops the redelivery of a message whose handler failed")
 	for _, d := range drivers {
 		if err := runDriver(ctx, o, d, lat); err != nil {
@@ -234,11 +246,12 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 		}
 	}
 
-	effects, empty := bench.Name("inbox_bench_effects"), bench.Name("inbox_bench")
-	defer func() { _ = admin.Drop(context.WithoutCancel(ctx), effects, empty) }()
-	if err := admin.CreateEffects(ctx, effects); err != nil {
+	write, err := admin.CreateWrite(ctx, o.write, "inbox_bench")
+	if err != nil {
 		return err
 	}
+	empty := bench.Name("inbox_bench")
+	defer func() { _ = admin.Drop(context.WithoutCancel(ctx), append(write.Tables(), empty)...) }()
 	emptyConfig := sqlinbox.Config{Table: empty, UUIDEventIDs: o.uuidIDs}
 	if err := admin.CreateInbox(ctx, emptyConfig); err != nil {
 		return err
@@ -253,7 +266,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 	}
 	defer conn.Close()
 
-	inboxH, err := conn.Inbox(emptyConfig, effects)
+	inboxH, err := conn.Inbox(emptyConfig, write)
 	if err != nil {
 		return err
 	}
@@ -267,13 +280,13 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 	}
 	dedup := &middleware.Deduplicator{KeyFactory: middleware.MessageHasher(inbox.DefaultEventID)}
 	modes := []mode{
-		{"bare", conn.Bare(effects), fresh()},
+		{"bare", conn.Bare(write), fresh()},
 		{"inbox", inboxH, fresh()},
 		{"dup", inboxH, bench.Duplicates(dupIDs)},
-		{"dedup", dedup.Middleware(conn.Bare(effects)), fresh()},
+		{"dedup", dedup.Middleware(conn.Bare(write)), fresh()},
 	}
 	if full != "" {
-		fullH, err := conn.Inbox(fullConfig, effects)
+		fullH, err := conn.Inbox(fullConfig, write)
 		if err != nil {
 			return err
 		}
@@ -286,7 +299,10 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 		return err
 	}
 	reset := func() error {
-		if err := admin.Truncate(ctx, effects, empty); err != nil {
+		if err := admin.ResetWrite(ctx, write); err != nil {
+			return err
+		}
+		if err := admin.Truncate(ctx, empty); err != nil {
 			return err
 		}
 		i := 0
@@ -300,7 +316,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 	}
 
 	fmt.Fprintf(o.out, "\n== %s\n", d.Name)
-	tables := []string{effects, empty}
+	tables := append(write.Tables(), empty)
 	if full != "" {
 		tables = append(tables, full)
 	}
