@@ -230,13 +230,25 @@ func (w *WAL) Between(ctx context.Context, from, to WALMark, tables ...string) (
 	if !w.inspect {
 		return to.bytes - from.bytes, 0, false, nil
 	}
+	s, err := w.between(ctx, from, to, tables...)
+	return s.records, s.fpi, true, err
+}
+
+// walSplit is the WAL of the benchmark's transactions: records without
+// full-page images (commit records included), the images, and the commit
+// records alone.
+type walSplit struct{ records, fpi, commit int64 }
+
+// between reads the records between from and to with pg_walinspect.
+func (w *WAL) between(ctx context.Context, from, to WALMark, tables ...string) (walSplit, error) {
+	var s walSplit
 	if to.bytes <= from.bytes { // nothing written, which pg_walinspect refuses to read
-		return 0, 0, true, nil
+		return s, nil
 	}
 	// A transaction is ours when one of its records references a block of
 	// our tables (the partitions of a partitioned one included); its commit
 	// record then counts too.
-	err = w.a.db.QueryRowContext(ctx, `
+	err := w.a.db.QueryRowContext(ctx, `
 WITH RECURSIVE tabs AS (
 	SELECT unnest($3::regclass[])::oid AS oid
 	UNION SELECT i.inhrelid FROM pg_inherits i JOIN tabs t ON i.inhparent = t.oid
@@ -244,13 +256,14 @@ WITH RECURSIVE tabs AS (
 	SELECT '/' || pg_relation_filenode(c.oid) || ' ' AS fn FROM pg_class c
 	WHERE c.oid IN (SELECT oid FROM tabs) OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid IN (SELECT oid FROM tabs))
 ), recs AS (
-	SELECT xid, record_length, fpi_length, block_ref FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+	SELECT xid, resource_manager, record_type, record_length, fpi_length, block_ref FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
 ), mine AS (
 	SELECT DISTINCT r.xid FROM recs r JOIN rels ON strpos(r.block_ref, rels.fn) > 0 WHERE r.xid <> '0'
 )
-SELECT COALESCE(sum(record_length - fpi_length), 0)::bigint, COALESCE(sum(fpi_length), 0)::bigint
-FROM recs WHERE xid IN (SELECT xid FROM mine)`, from.lsn, to.lsn, "{"+strings.Join(tables, ",")+"}").Scan(&records, &fpi)
-	return records, fpi, true, err
+SELECT COALESCE(sum(record_length - fpi_length), 0)::bigint, COALESCE(sum(fpi_length), 0)::bigint,
+	COALESCE(sum(record_length) FILTER (WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT'), 0)::bigint
+FROM recs WHERE xid IN (SELECT xid FROM mine)`, from.lsn, to.lsn, "{"+strings.Join(tables, ",")+"}").Scan(&s.records, &s.fpi, &s.commit)
+	return s, err
 }
 
 // PrefillPartitioned makes sure inbox table is partitioned by time (mode:

@@ -28,6 +28,12 @@
 // latency and the ratio to the bare handler (median of the per-round
 // ratios).
 //
+// With -claim-parts it prints instead what each part of the inbox row
+// costs in WAL per claim on PostgreSQL (the row, its primary key, the
+// purge's processed_at index, with text and uuid event ids), measured in
+// throwaway tables one claim per transaction: what a cheaper claim could
+// save.
+//
 // The Deduplicator is a reference point, not an alternative: it remembers
 // ids in memory for a minute, so it forgets them on restart and across
 // instances, and it marks a message as seen before the handler runs, so a
@@ -78,6 +84,7 @@ type options struct {
 	uuidIDs  bool
 	rtt      time.Duration
 	write    string
+	parts    bool
 	out      io.Writer
 }
 
@@ -102,6 +109,7 @@ func main() {
 	flag.BoolVar(&o.uuidIDs, "uuid-ids", false, "the empty inbox stores event ids in a native UUID column (sqlinbox.Config.UUIDEventIDs)")
 	flag.DurationVar(&o.rtt, "rtt", 0, "network round trip added to every measured connection by an in-process proxy, e.g. 500us (0: direct; SQLite has no network)")
 	flag.StringVar(&o.write, "write", "one-row", "business write per message: "+strings.Join(bench.WriteKinds, ", ")+" (one-row: one row, no index; invoice: an indexed invoice row and a customer's running total)")
+	flag.BoolVar(&o.parts, "claim-parts", false, "print what each part of the inbox row costs in WAL per claim on PostgreSQL (needs pg_walinspect), then exit")
 	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
@@ -154,6 +162,9 @@ type mode struct {
 }
 
 func run(ctx context.Context, o options) error {
+	if o.parts {
+		return claimParts(ctx, o)
+	}
 	drivers, err := bench.FindDrivers(o.drivers)
 	if err != nil {
 		return err
@@ -341,6 +352,43 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 		return kafkaEndToEnd(ctx, o, km)
 	}
 	return nil
+}
+
+// claimParts prints the WAL of one claim in tables holding more and more of
+// the inbox row, to show what a cheaper claim could save.
+func claimParts(ctx context.Context, o options) error {
+	pg, err := bench.FindDrivers("postgresql/pgx")
+	if err != nil {
+		return err
+	}
+	admin, err := bench.OpenAdmin(ctx, pg[0], o.dsn)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	parts, err := admin.ClaimParts(ctx, o.sample)
+	if err != nil {
+		return err
+	}
+	var commit []float64
+	for _, p := range parts {
+		commit = append(commit, p.Commit)
+	}
+	fmt.Fprintf(o.out, "inbox-bench: %s, the parts of a claim: PostgreSQL WAL bytes per claim, %d claims per table, one per transaction,\n",
+		time.Now().Format(time.DateTime), o.sample)
+	fmt.Fprintf(o.out, "without full-page images and without the commit record, which a claim shares with the business write: %.0f bytes\n", median(commit))
+	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "part\ttext ids\tadds\tuuid ids\tadds\t")
+	half := len(parts) / 2 // text ids first, then the same parts with uuid ids
+	for i, p := range parts[:half] {
+		u := parts[half+i]
+		addT, addU := "", ""
+		if i > 0 && !strings.HasPrefix(p.Part, " ") && !strings.HasPrefix(p.Part, "the inbox") {
+			addT, addU = fmt.Sprintf("%+.0f", p.Bytes-parts[i-1].Bytes), fmt.Sprintf("%+.0f", u.Bytes-parts[half+i-1].Bytes)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%s\t\n", p.Part, p.Bytes, addT, u.Bytes, addU)
+	}
+	return tw.Flush()
 }
 
 func selectModes(all []mode, list string) ([]mode, error) {

@@ -69,6 +69,24 @@ func TestInvoiceSmoke(t *testing.T) {
 	requireNoErrors(t, rest)
 }
 
+// -claim-parts measures every part of the claim, with text and uuid ids:
+// each part adds WAL to the one before.
+func TestClaimPartsSmoke(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	require.NoError(t, run(context.Background(), options{dsn: testdb.PostgresDSN(), sample: 20, parts: true, out: &out}))
+	rows := regexp.MustCompile(`(?m)^\+ .*\s(\d+)\s+\+(\d+)\s+(\d+)\s+\+(\d+)\s*$`).FindAllStringSubmatch(out.String(), -1)
+	require.Len(t, rows, 2, out.String())
+	for _, r := range rows {
+		for _, adds := range []string{r[2], r[4]} {
+			n, err := strconv.Atoi(adds)
+			require.NoError(t, err)
+			require.Positive(t, n, r[0])
+		}
+	}
+	require.Contains(t, out.String(), "the inbox table as sqlinbox creates it")
+}
+
 // The end-to-end run through an in-process Kafka broker works too.
 func TestKafkaSmoke(t *testing.T) {
 	t.Parallel()
