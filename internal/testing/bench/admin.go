@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -234,6 +235,12 @@ func (w *WAL) Between(ctx context.Context, from, to WALMark, tables ...string) (
 	return s.records, s.fpi, true, err
 }
 
+// ErrWALUnreadable is returned by Between when pg_walinspect finds no
+// record to start from after the first mark ("could not find a valid
+// record after", seen on PostgreSQL 15 with the mark on a WAL page
+// boundary): the sample is lost, and taking it again works.
+var ErrWALUnreadable = errors.New("pg_walinspect found no record after the mark")
+
 // walSplit is the WAL of the benchmark's transactions: records without
 // full-page images (commit records included), the images, and the commit
 // records alone.
@@ -263,6 +270,9 @@ WITH RECURSIVE tabs AS (
 SELECT COALESCE(sum(record_length - fpi_length), 0)::bigint, COALESCE(sum(fpi_length), 0)::bigint,
 	COALESCE(sum(record_length) FILTER (WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT'), 0)::bigint
 FROM recs WHERE xid IN (SELECT xid FROM mine)`, from.lsn, to.lsn, "{"+strings.Join(tables, ",")+"}").Scan(&s.records, &s.fpi, &s.commit)
+	if err != nil && strings.Contains(err.Error(), "could not find a valid record after") {
+		err = fmt.Errorf("%w: %w", ErrWALUnreadable, err)
+	}
 	return s, err
 }
 

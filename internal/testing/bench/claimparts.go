@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -56,7 +57,11 @@ func (a *Admin) ClaimParts(ctx context.Context, n int) ([]ClaimPart, error) {
 			err := a.createPart(ctx, table, idType, p.key, p.index, p.library)
 			if err == nil {
 				var part ClaimPart
-				part, err = a.measurePart(ctx, wal, table, fmt.Sprintf(p.claim, table), n)
+				for range 3 { // a sample lost to ErrWALUnreadable is taken again
+					if part, err = a.measurePart(ctx, wal, table, fmt.Sprintf(p.claim, table), n); !errors.Is(err, ErrWALUnreadable) {
+						break
+					}
+				}
 				part.Part, part.IDType = p.part, idType
 				out = append(out, part)
 			}
