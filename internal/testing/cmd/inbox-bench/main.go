@@ -189,7 +189,9 @@ func run(ctx context.Context, o options) error {
 	var lat *bench.Latency
 	if o.rtt > 0 {
 		network = fmt.Sprintf("+%s round trip through an in-process delay proxy", o.rtt)
-		lat = bench.NewLatency(o.rtt)
+		if lat, err = bench.NewLatency(o.rtt); err != nil {
+			return err
+		}
 		defer lat.Close()
 	}
 	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: %s: %s, network: %s\n",
