@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -26,7 +27,9 @@ type Admin struct {
 type database struct {
 	dialect   sqlinbox.Dialect
 	sqlDriver string // database/sql driver name of the admin pool
-	textType  string // the business table's id column
+	textType  string // the business tables' event id columns
+	identity  string // the invoice table's generated bigint key
+	createdAt string // the invoice table's creation time, set by the server
 	truncate  string // statement prefix emptying one table
 	ph        func(n int) string
 	prefill   func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error
@@ -35,7 +38,9 @@ type database struct {
 var (
 	postgresDB = &database{
 		dialect: sqlinbox.PostgreSQL, sqlDriver: "pgx", textType: "text", truncate: "TRUNCATE ",
-		ph: func(n int) string { return fmt.Sprintf("$%d", n) },
+		identity:  "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+		createdAt: "timestamptz NOT NULL DEFAULT now()",
+		ph:        func(n int) string { return fmt.Sprintf("$%d", n) },
 		prefill: func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error {
 			_, err := db.ExecContext(ctx, `INSERT INTO `+table+` (consumer, event_id)
 SELECT $1, md5(i::text)::uuid::text FROM generate_series($2::bigint, $3::bigint) i ORDER BY 2 ON CONFLICT DO NOTHING`, Consumer, lo, hi)
@@ -44,7 +49,9 @@ SELECT $1, md5(i::text)::uuid::text FROM generate_series($2::bigint, $3::bigint)
 	}
 	mysqlDB = &database{
 		dialect: sqlinbox.MySQL, sqlDriver: "mysql", textType: "VARCHAR(64)", truncate: "TRUNCATE TABLE ",
-		ph: func(int) string { return "?" },
+		identity:  "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+		createdAt: "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+		ph:        func(int) string { return "?" },
 		// MariaDB's SEQUENCE engine numbers the rows.
 		prefill: func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error {
 			_, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, event_id)
@@ -55,7 +62,10 @@ FROM (SELECT MD5(seq) AS h FROM seq_%d_to_%d) s ORDER BY h ON DUPLICATE KEY UPDA
 	}
 	sqliteDB = &database{
 		dialect: sqlinbox.SQLite, sqlDriver: "sqlite", textType: "TEXT", truncate: "DELETE FROM ",
-		ph: func(int) string { return "?" },
+		// The rowid, as an identity column would be.
+		identity:  "INTEGER PRIMARY KEY",
+		createdAt: "TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+		ph:        func(int) string { return "?" },
 		prefill: func(ctx context.Context, db *sql.DB, table string, lo, hi int64) error {
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
@@ -92,13 +102,6 @@ func OpenAdmin(ctx context.Context, d Driver, dsn string) (*Admin, error) {
 
 // Close closes the admin pool.
 func (a *Admin) Close() error { return a.db.Close() }
-
-// CreateEffects creates the business table: the smallest write a handler
-// can make, one row in a table without indexes.
-func (a *Admin) CreateEffects(ctx context.Context, table string) error {
-	_, err := a.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (event_id `+a.d.textType+` NOT NULL)`)
-	return err
-}
 
 // CreateInbox creates the inbox table of c through the library, as users
 // do; the dialect is the admin's.
@@ -228,13 +231,31 @@ func (w *WAL) Between(ctx context.Context, from, to WALMark, tables ...string) (
 	if !w.inspect {
 		return to.bytes - from.bytes, 0, false, nil
 	}
+	s, err := w.between(ctx, from, to, tables...)
+	return s.records, s.fpi, true, err
+}
+
+// ErrWALUnreadable is returned by Between when pg_walinspect finds no
+// record to start from after the first mark ("could not find a valid
+// record after", seen on PostgreSQL 15 with the mark on a WAL page
+// boundary): the sample is lost, and taking it again works.
+var ErrWALUnreadable = errors.New("pg_walinspect found no record after the mark")
+
+// walSplit is the WAL of the benchmark's transactions: records without
+// full-page images (commit records included), the images, and the commit
+// records alone.
+type walSplit struct{ records, fpi, commit int64 }
+
+// between reads the records between from and to with pg_walinspect.
+func (w *WAL) between(ctx context.Context, from, to WALMark, tables ...string) (walSplit, error) {
+	var s walSplit
 	if to.bytes <= from.bytes { // nothing written, which pg_walinspect refuses to read
-		return 0, 0, true, nil
+		return s, nil
 	}
 	// A transaction is ours when one of its records references a block of
 	// our tables (the partitions of a partitioned one included); its commit
 	// record then counts too.
-	err = w.a.db.QueryRowContext(ctx, `
+	err := w.a.db.QueryRowContext(ctx, `
 WITH RECURSIVE tabs AS (
 	SELECT unnest($3::regclass[])::oid AS oid
 	UNION SELECT i.inhrelid FROM pg_inherits i JOIN tabs t ON i.inhparent = t.oid
@@ -242,13 +263,17 @@ WITH RECURSIVE tabs AS (
 	SELECT '/' || pg_relation_filenode(c.oid) || ' ' AS fn FROM pg_class c
 	WHERE c.oid IN (SELECT oid FROM tabs) OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid IN (SELECT oid FROM tabs))
 ), recs AS (
-	SELECT xid, record_length, fpi_length, block_ref FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+	SELECT xid, resource_manager, record_type, record_length, fpi_length, block_ref FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
 ), mine AS (
 	SELECT DISTINCT r.xid FROM recs r JOIN rels ON strpos(r.block_ref, rels.fn) > 0 WHERE r.xid <> '0'
 )
-SELECT COALESCE(sum(record_length - fpi_length), 0)::bigint, COALESCE(sum(fpi_length), 0)::bigint
-FROM recs WHERE xid IN (SELECT xid FROM mine)`, from.lsn, to.lsn, "{"+strings.Join(tables, ",")+"}").Scan(&records, &fpi)
-	return records, fpi, true, err
+SELECT COALESCE(sum(record_length - fpi_length), 0)::bigint, COALESCE(sum(fpi_length), 0)::bigint,
+	COALESCE(sum(record_length) FILTER (WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT'), 0)::bigint
+FROM recs WHERE xid IN (SELECT xid FROM mine)`, from.lsn, to.lsn, "{"+strings.Join(tables, ",")+"}").Scan(&s.records, &s.fpi, &s.commit)
+	if err != nil && strings.Contains(err.Error(), "could not find a valid record after") {
+		err = fmt.Errorf("%w: %w", ErrWALUnreadable, err)
+	}
+	return s, err
 }
 
 // PrefillPartitioned makes sure inbox table is partitioned by time (mode:

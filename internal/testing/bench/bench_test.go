@@ -18,6 +18,8 @@ import (
 // set of events already claimed.
 type fixture struct {
 	rt    bench.RoundTrips
+	admin *bench.Admin
+	write bench.Write
 	bare  message.HandlerFunc
 	inbox message.HandlerFunc
 	dups  []string
@@ -32,23 +34,30 @@ func setup(tb testing.TB, d bench.Driver, conns int) *fixture {
 // set here).
 func setupOn(tb testing.TB, d bench.Driver, conns int, sc sqlinbox.Config) *fixture {
 	tb.Helper()
+	return setupWrite(tb, d, conns, sc, "one-row")
+}
+
+// setupWrite is setupOn with the business write of kind.
+func setupWrite(tb testing.TB, d bench.Driver, conns int, sc sqlinbox.Config, kind string) *fixture {
+	tb.Helper()
 	ctx := context.Background()
 	dsn := dsnFor(tb, d)
 	admin, err := bench.OpenAdmin(ctx, d, dsn)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = admin.Close() })
-	effects, table := bench.Name("inbox_bench_effects"), bench.Name("inbox_bench")
-	tb.Cleanup(func() { _ = admin.Drop(ctx, effects, table) })
-	require.NoError(tb, admin.CreateEffects(ctx, effects))
+	w, err := admin.CreateWrite(ctx, kind, "inbox_bench")
+	require.NoError(tb, err)
+	table := bench.Name("inbox_bench")
+	tb.Cleanup(func() { _ = admin.Drop(ctx, append(w.Tables(), table)...) })
 	sc.Table = table
 	require.NoError(tb, admin.CreateInbox(ctx, sc))
 
-	f := &fixture{}
+	f := &fixture{admin: admin, write: w}
 	conn, err := d.Open(ctx, dsn, conns, &f.rt)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = conn.Close() })
-	f.bare = conn.Bare(effects)
-	f.inbox, err = conn.Inbox(sc, effects)
+	f.bare = conn.Bare(w)
+	f.inbox, err = conn.Inbox(sc, w)
 	require.NoError(tb, err)
 	for range 100 {
 		f.dups = append(f.dups, bench.Name("dup"))
@@ -181,6 +190,29 @@ func TestRoundTrips(t *testing.T) {
 			}
 			require.LessOrEqual(t, per(f.inbox, bench.NewMessages()), bare+1)
 			require.LessOrEqual(t, per(f.inbox, bench.Duplicates(f.dups)), 3.0)
+		})
+	}
+}
+
+// The invoice write adds one invoice per message and one to a customer's
+// count of invoices, bare and behind the inbox alike, on every dialect.
+func TestInvoiceWrite(t *testing.T) {
+	t.Parallel()
+	for _, d := range bench.Drivers {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := setupWrite(t, d, 1, sqlinbox.Config{}, "invoice")
+			rows0, counted0, err := f.admin.Invoices(ctx, f.write)
+			require.NoError(t, err)
+			require.Equal(t, rows0, counted0)
+			require.NoError(t, bench.RunN(f.bare, 7, bench.NewMessages()))
+			require.NoError(t, bench.RunN(f.inbox, 5, bench.NewMessages()))
+			require.NoError(t, bench.RunN(f.inbox, 5, bench.Duplicates(f.dups)))
+			rows, counted, err := f.admin.Invoices(ctx, f.write)
+			require.NoError(t, err)
+			require.Equal(t, rows0+12, rows)
+			require.Equal(t, rows0+12, counted)
 		})
 	}
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -14,15 +15,27 @@ import (
 //
 // It works as a pgx DialFunc (DialContext) and as a lib/pq Dialer.
 type RoundTrips struct {
-	n      atomic.Int64
-	dialer net.Dialer
+	n       atomic.Int64
+	dialer  net.Dialer
+	latency *Latency
 }
+
+// Through routes the TCP connections dialed from now on through l's
+// proxies, which add its round trip; they are counted as before, on the
+// client's side of the proxy.
+func (r *RoundTrips) Through(l *Latency) { r.latency = l }
 
 // Count returns the turns counted so far on every connection.
 func (r *RoundTrips) Count() int64 { return r.n.Load() }
 
 // DialContext dials a counted connection.
 func (r *RoundTrips) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	if r.latency != nil && strings.HasPrefix(network, "tcp") {
+		var err error
+		if addr, err = r.latency.addr(addr); err != nil {
+			return nil, err
+		}
+	}
 	c, err := r.dialer.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err

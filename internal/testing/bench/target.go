@@ -1,6 +1,7 @@
 // Package bench is the workload shared by cmd/inbox-bench and the go test
-// benchmarks: the same business write with and without the inbox, on every
-// driver, with round trips counted on the wire.
+// benchmarks: the same business write (Write) with and without the inbox,
+// on every driver, with round trips counted on the wire, optionally behind
+// a simulated network round trip (Latency).
 package bench
 
 import (
@@ -48,14 +49,13 @@ func (d Driver) Dialect() string { return d.db.dialect.String() }
 
 // Conn is an open pool of one driver.
 type Conn interface {
-	// Bare handles a message without the inbox: its business row written to
-	// effects in a transaction of its own, as a handler would.
-	Bare(effects string) message.HandlerFunc
+	// Bare handles a message without the inbox: its business write w in a
+	// transaction of its own, as a handler would.
+	Bare(w Write) message.HandlerFunc
 	// Inbox returns the handler behind the inbox middleware on the inbox
 	// table of c (its Table, UUIDEventIDs and Partitioning; the dialect is
-	// the driver's): the same business row, written in the inbox
-	// transaction.
-	Inbox(c sqlinbox.Config, effects string) (message.HandlerFunc, error)
+	// the driver's): the same business write, in the inbox transaction.
+	Inbox(c sqlinbox.Config, w Write) (message.HandlerFunc, error)
 	Close() error
 }
 
@@ -148,15 +148,22 @@ func newSQLConn(db *sql.DB, d *database, maxConns int) *sqlConn {
 	return &sqlConn{db: db, d: d}
 }
 
-func (c *sqlConn) Bare(effects string) message.HandlerFunc {
-	insert := insertEffect(effects, c.d)
+// sqlExec runs statements in a database/sql transaction.
+func sqlExec(tx *sql.Tx) func(ctx context.Context, query string, args ...any) error {
+	return func(ctx context.Context, query string, args ...any) error {
+		_, err := tx.ExecContext(ctx, query, args...)
+		return err
+	}
+}
+
+func (c *sqlConn) Bare(w Write) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		tx, err := c.db.BeginTx(ctx, nil)
 		if err != nil {
 			return nil, err
 		}
-		if _, err := tx.ExecContext(ctx, insert, msg.UUID); err != nil {
+		if err := w.exec(ctx, msg.UUID, sqlExec(tx)); err != nil {
 			_ = tx.Rollback()
 			return nil, err
 		}
@@ -164,7 +171,7 @@ func (c *sqlConn) Bare(effects string) message.HandlerFunc {
 	}
 }
 
-func (c *sqlConn) Inbox(sc sqlinbox.Config, effects string) (message.HandlerFunc, error) {
+func (c *sqlConn) Inbox(sc sqlinbox.Config, w Write) (message.HandlerFunc, error) {
 	sc.Dialect = c.d.dialect
 	store, err := sqlinbox.New(c.db, sc)
 	if err != nil {
@@ -174,21 +181,14 @@ func (c *sqlConn) Inbox(sc sqlinbox.Config, effects string) (message.HandlerFunc
 	if err != nil {
 		return nil, err
 	}
-	insert := insertEffect(effects, c.d)
 	return mw(func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		tx, _ := inbox.TxFromContext(ctx)
-		_, err := tx.ExecContext(ctx, insert, msg.UUID)
-		return nil, err
+		return nil, w.exec(ctx, msg.UUID, sqlExec(tx))
 	}), nil
 }
 
 func (c *sqlConn) Close() error { return c.db.Close() }
-
-// insertEffect is the smallest business write: one row, no index.
-func insertEffect(effects string, d *database) string {
-	return `INSERT INTO ` + effects + ` (event_id) VALUES (` + d.ph(1) + `)`
-}
 
 // Name returns a fresh table name starting with prefix.
 func Name(prefix string) string {
@@ -214,15 +214,23 @@ func openPgx(ctx context.Context, dsn string, maxConns int, rt *RoundTrips) (Con
 // pgxConn is a native pgx pool.
 type pgxConn struct{ pool *pgxpool.Pool }
 
-func (c *pgxConn) Bare(effects string) message.HandlerFunc {
-	insert := insertEffect(effects, postgresDB)
+// pgxExec runs statements in a pgx transaction, one round trip each, as
+// through database/sql.
+func pgxExec(tx pgx.Tx) func(ctx context.Context, query string, args ...any) error {
+	return func(ctx context.Context, query string, args ...any) error {
+		_, err := tx.Exec(ctx, query, args...)
+		return err
+	}
+}
+
+func (c *pgxConn) Bare(w Write) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		tx, err := c.pool.Begin(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if _, err := tx.Exec(ctx, insert, msg.UUID); err != nil {
+		if err := w.exec(ctx, msg.UUID, pgxExec(tx)); err != nil {
 			_ = tx.Rollback(ctx)
 			return nil, err
 		}
@@ -230,7 +238,7 @@ func (c *pgxConn) Bare(effects string) message.HandlerFunc {
 	}
 }
 
-func (c *pgxConn) Inbox(sc sqlinbox.Config, effects string) (message.HandlerFunc, error) {
+func (c *pgxConn) Inbox(sc sqlinbox.Config, w Write) (message.HandlerFunc, error) {
 	store, err := pgxinbox.NewStore(c.pool, sc)
 	if err != nil {
 		return nil, err
@@ -239,12 +247,10 @@ func (c *pgxConn) Inbox(sc sqlinbox.Config, effects string) (message.HandlerFunc
 	if err != nil {
 		return nil, err
 	}
-	insert := insertEffect(effects, postgresDB)
 	return mw(func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		tx, _ := pgxinbox.TxFromContext(ctx)
-		_, err := tx.Exec(ctx, insert, msg.UUID)
-		return nil, err
+		return nil, w.exec(ctx, msg.UUID, pgxExec(tx))
 	}), nil
 }
 

@@ -1,7 +1,7 @@
 // Command inbox-bench measures what the inbox costs, side by side in one
-// process: the same handler and business write (one row in its own
-// transaction) bare, behind the inbox, fed duplicates, and behind Watermill's
-// in-memory Deduplicator, for each driver and concurrency, in interleaved
+// process: the same handler and business write (-write; by default one
+// row in its own transaction) bare, behind the inbox, fed duplicates, and
+// behind Watermill's in-memory Deduplicator, for each driver and concurrency, in interleaved
 // rounds so that the ratios compare runs made under the same load.
 //
 // From internal/testing, the test rig's module:
@@ -10,6 +10,18 @@
 //	go run ./cmd/inbox-bench -prefill 10000000             # also against an inbox holding 10M claims
 //	go run ./cmd/inbox-bench -drivers pgx -prefill 10000000 -prefill-partitioning daily  # 10M claims in daily partitions
 //	go run ./cmd/inbox-bench -drivers pgx -c 8 -duration 5s -rounds 5
+//	go run ./cmd/inbox-bench -drivers pgx,pgx-stdlib -rtt 500us            # as if the database were 0.5 ms away
+//	go run ./cmd/inbox-bench -drivers pgx -write invoice                   # an invoice and a running total per message
+//
+// On loopback a round trip costs 30-60 µs, which hides what a round trip
+// saved is worth (native pgx sends BEGIN with the claim); -rtt puts an
+// in-process delay proxy (bench.Latency) between the program and the
+// database on every measured connection, bare and inbox alike (the proxy
+// runs in this process: its allocations show in the allocs/msg column, and
+// its hop adds to each round trip). The default
+// business write is the worst case for the ratio (the claim writes as much
+// as the handler); -write invoice is a handler's usual write: an indexed row
+// and the update of a running total.
 //
 // Per driver it prints first the cost of one message, measured one at a
 // time: round trips on the wire, WAL bytes (PostgreSQL; the smallest of
@@ -17,6 +29,12 @@
 // allocations in this process. Then, per concurrency, msgs/s, p50/p99
 // latency and the ratio to the bare handler (median of the per-round
 // ratios).
+//
+// With -claim-parts it prints instead what each part of the inbox row
+// costs in WAL per claim on PostgreSQL (the row, its primary key, the
+// purge's processed_at index, with text and uuid event ids), measured in
+// throwaway tables one claim per transaction: what a cheaper claim could
+// save.
 //
 // The Deduplicator is a reference point, not an alternative: it remembers
 // ids in memory for a minute, so it forgets them on restart and across
@@ -67,6 +85,9 @@ type options struct {
 	modes    string
 	kafka    int
 	uuidIDs  bool
+	rtt      time.Duration
+	write    string
+	parts    bool
 	out      io.Writer
 }
 
@@ -90,6 +111,9 @@ func main() {
 	flag.StringVar(&o.modes, "modes", "all", "comma-separated modes: bare, inbox, dup, dedup (with -prefill also inbox-full, dup-full), or all")
 	flag.BoolVar(&o.v7IDs, "v7-ids", false, "new events get time-ordered UUIDv7 ids instead of random UUIDv4 ones")
 	flag.BoolVar(&o.uuidIDs, "uuid-ids", false, "the empty inbox stores event ids in a native UUID column (sqlinbox.Config.UUIDEventIDs)")
+	flag.DurationVar(&o.rtt, "rtt", 0, "network round trip added to every measured connection by an in-process proxy, e.g. 500us (0: direct; SQLite has no network)")
+	flag.StringVar(&o.write, "write", "one-row", "business write per message: "+strings.Join(bench.WriteKinds, ", ")+" (one-row: one row, no index; invoice: an indexed invoice row and a customer's running total)")
+	flag.BoolVar(&o.parts, "claim-parts", false, "print what each part of the inbox row costs in WAL per claim on PostgreSQL (needs pg_walinspect), then exit")
 	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
@@ -142,6 +166,9 @@ type mode struct {
 }
 
 func run(ctx context.Context, o options) error {
+	if o.parts {
+		return claimParts(ctx, o)
+	}
 	drivers, err := bench.FindDrivers(o.drivers)
 	if err != nil {
 		return err
@@ -154,11 +181,26 @@ func run(ctx context.Context, o options) error {
 		defer os.RemoveAll(dir)
 		o.sqlite = filepath.Join(dir, "bench.db")
 	}
-	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: one row, no index, own transaction\n",
-		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration)
+	if o.write == "" {
+		o.write = "one-row"
+	}
+	if !slices.Contains(bench.WriteKinds, o.write) {
+		return fmt.Errorf("-write: %q is not one of %s", o.write, strings.Join(bench.WriteKinds, ", "))
+	}
+	network := "direct"
+	var lat *bench.Latency
+	if o.rtt > 0 {
+		network = fmt.Sprintf("+%s round trip through an in-process delay proxy", o.rtt)
+		if lat, err = bench.NewLatency(o.rtt); err != nil {
+			return err
+		}
+		defer lat.Close()
+	}
+	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: %s: %s, network: %s\n",
+		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration, o.write, bench.DescribeWrite(o.write), network)
 	fmt.Fprintln(o.out, "dedup = watermill middleware.Deduplicator: in memory, not durable, drops the redelivery of a message whose handler failed")
 	for _, d := range drivers {
-		if err := runDriver(ctx, o, d); err != nil {
+		if err := runDriver(ctx, o, d, lat); err != nil {
 			return fmt.Errorf("%s: %w", d.Name, err)
 		}
 	}
@@ -175,7 +217,9 @@ func (o options) dsnFor(d bench.Driver) string {
 	return o.dsn
 }
 
-func runDriver(ctx context.Context, o options, d bench.Driver) error {
+// runDriver measures d; lat, when not nil, adds its round trip to every
+// measured connection (not to the admin pool's setup and WAL readings).
+func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latency) error {
 	dsn := o.dsnFor(d)
 	admin, err := bench.OpenAdmin(ctx, d, dsn)
 	if err != nil {
@@ -239,23 +283,27 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		}
 	}
 
-	effects, empty := bench.Name("inbox_bench_effects"), bench.Name("inbox_bench")
-	defer func() { _ = admin.Drop(context.WithoutCancel(ctx), effects, empty) }()
-	if err := admin.CreateEffects(ctx, effects); err != nil {
+	write, err := admin.CreateWrite(ctx, o.write, "inbox_bench")
+	if err != nil {
 		return err
 	}
+	empty := bench.Name("inbox_bench")
+	defer func() { _ = admin.Drop(context.WithoutCancel(ctx), append(write.Tables(), empty)...) }()
 	emptyConfig := sqlinbox.Config{Table: empty, UUIDEventIDs: o.uuidIDs}
 	if err := admin.CreateInbox(ctx, emptyConfig); err != nil {
 		return err
 	}
 	var rt bench.RoundTrips
+	if lat != nil && !d.Embedded {
+		rt.Through(lat)
+	}
 	conn, err := d.Open(ctx, dsn, slices.Max(o.conc), &rt)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 
-	inboxH, err := conn.Inbox(emptyConfig, effects)
+	inboxH, err := conn.Inbox(emptyConfig, write)
 	if err != nil {
 		return err
 	}
@@ -269,13 +317,13 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 	}
 	dedup := &middleware.Deduplicator{KeyFactory: middleware.MessageHasher(inbox.DefaultEventID)}
 	modes := []mode{
-		{"bare", conn.Bare(effects), fresh()},
+		{"bare", conn.Bare(write), fresh()},
 		{"inbox", inboxH, fresh()},
 		{"dup", inboxH, bench.Duplicates(dupIDs)},
-		{"dedup", dedup.Middleware(conn.Bare(effects)), fresh()},
+		{"dedup", dedup.Middleware(conn.Bare(write)), fresh()},
 	}
 	if full != "" {
-		fullH, err := conn.Inbox(fullConfig, effects)
+		fullH, err := conn.Inbox(fullConfig, write)
 		if err != nil {
 			return err
 		}
@@ -288,7 +336,10 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		return err
 	}
 	reset := func() error {
-		if err := admin.Truncate(ctx, effects, empty); err != nil {
+		if err := admin.ResetWrite(ctx, write); err != nil {
+			return err
+		}
+		if err := admin.Truncate(ctx, empty); err != nil {
 			return err
 		}
 		i := 0
@@ -302,7 +353,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 	}
 
 	fmt.Fprintf(o.out, "\n== %s\n", d.Name)
-	tables := []string{effects, empty}
+	tables := append(write.Tables(), empty)
 	if full != "" {
 		tables = append(tables, full)
 	}
@@ -327,6 +378,43 @@ func runDriver(ctx context.Context, o options, d bench.Driver) error {
 		return kafkaEndToEnd(ctx, o, km)
 	}
 	return nil
+}
+
+// claimParts prints the WAL of one claim in tables holding more and more of
+// the inbox row, to show what a cheaper claim could save.
+func claimParts(ctx context.Context, o options) error {
+	pg, err := bench.FindDrivers("postgresql/pgx")
+	if err != nil {
+		return err
+	}
+	admin, err := bench.OpenAdmin(ctx, pg[0], o.dsn)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	parts, err := admin.ClaimParts(ctx, o.sample)
+	if err != nil {
+		return err
+	}
+	var commit []float64
+	for _, p := range parts {
+		commit = append(commit, p.Commit)
+	}
+	fmt.Fprintf(o.out, "inbox-bench: %s, the parts of a claim: PostgreSQL WAL bytes per claim, %d claims per table, one per transaction,\n",
+		time.Now().Format(time.DateTime), o.sample)
+	fmt.Fprintf(o.out, "without full-page images and without the commit record, which a claim shares with the business write: %.0f bytes\n", median(commit))
+	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "part\ttext ids\tadds\tuuid ids\tadds\t")
+	half := len(parts) / 2 // text ids first, then the same parts with uuid ids
+	for i, p := range parts[:half] {
+		u := parts[half+i]
+		addT, addU := "", ""
+		if i > 0 && !strings.HasPrefix(p.Part, " ") && !strings.HasPrefix(p.Part, "the inbox") {
+			addT, addU = fmt.Sprintf("%+.0f", p.Bytes-parts[i-1].Bytes), fmt.Sprintf("%+.0f", u.Bytes-parts[half+i-1].Bytes)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%s\t\n", p.Part, p.Bytes, addT, u.Bytes, addU)
+	}
+	return tw.Flush()
 }
 
 func selectModes(all []mode, list string) ([]mode, error) {
@@ -365,7 +453,8 @@ func costs(ctx context.Context, o options, admin *bench.Admin, d bench.Driver, r
 		var trips, allocs float64 = 0, -1
 		var records, fpi []float64
 		exact := false
-		for s := range 3 {
+		// Three samples; one whose WAL could not be read is taken again.
+		for s, lost := 0, 0; s < 3+lost; s++ {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			mallocs := ms.Mallocs
@@ -394,6 +483,10 @@ func costs(ctx context.Context, o options, admin *bench.Admin, d bench.Driver, r
 					return err
 				}
 				r, f, ok, err := wal.Between(ctx, from, to, tables...)
+				if errors.Is(err, bench.ErrWALUnreadable) && lost < 3 {
+					lost++
+					continue
+				}
 				if err != nil {
 					return fmt.Errorf("measuring WAL: %w", err)
 				}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +29,62 @@ func TestSmoke(t *testing.T) {
 		require.Contains(t, out.String(), want)
 	}
 	requireNoErrors(t, out.String())
+}
+
+// With a simulated round trip every measured connection goes through the
+// delay proxy, and round trips are still counted on the wire: native pgx's
+// BEGIN and claim travel together, so the inbox adds none.
+func TestRTTSmoke(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	err := run(context.Background(), options{
+		drivers: "postgresql,mysql", dsn: testdb.PostgresDSN(), mysqlDSN: testdb.MySQLDSN(), conc: []int{2}, rtt: 500 * time.Microsecond,
+		duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, modes: "bare,inbox,dup", out: &out,
+	})
+	require.NoError(t, err, out.String())
+	require.Contains(t, out.String(), "network: +500µs round trip")
+	_, pgx, _ := strings.Cut(out.String(), "== postgresql/pgx\n")
+	require.Regexp(t, `(?m)^\s+bare\s+3\.00\s.*\n\s+inbox\s+3\.00\s`, pgx)
+	requireNoErrors(t, out.String())
+}
+
+// The invoice write runs on every dialect, and the WAL of the one-at-a-time
+// pass counts its tables: more than the one-row write's 126 bytes bare.
+func TestInvoiceSmoke(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	err := run(context.Background(), options{
+		drivers: "all", dsn: testdb.PostgresDSN(), mysqlDSN: testdb.MySQLDSN(), conc: []int{2}, write: "invoice",
+		duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, modes: "bare,inbox,dup", out: &out,
+	})
+	require.NoError(t, err, out.String())
+	require.Contains(t, out.String(), "business write: invoice")
+	_, pgx, _ := strings.Cut(out.String(), "== postgresql/pgx\n")
+	m := regexp.MustCompile(`(?m)^\s+bare\s+\S+\s+(\d+)\s`).FindStringSubmatch(pgx)
+	require.NotNil(t, m, pgx)
+	bareWAL, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+	require.Greater(t, bareWAL, 300, "WAL of the invoice row, its two index entries and the total's update")
+	_, rest, _ := strings.Cut(out.String(), "\n")
+	requireNoErrors(t, rest)
+}
+
+// -claim-parts measures every part of the claim, with text and uuid ids:
+// each part adds WAL to the one before.
+func TestClaimPartsSmoke(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	require.NoError(t, run(context.Background(), options{dsn: testdb.PostgresDSN(), sample: 20, parts: true, out: &out}))
+	rows := regexp.MustCompile(`(?m)^\+ .*\s(\d+)\s+\+(\d+)\s+(\d+)\s+\+(\d+)\s*$`).FindAllStringSubmatch(out.String(), -1)
+	require.Len(t, rows, 2, out.String())
+	for _, r := range rows {
+		for _, adds := range []string{r[2], r[4]} {
+			n, err := strconv.Atoi(adds)
+			require.NoError(t, err)
+			require.Positive(t, n, r[0])
+		}
+	}
+	require.Contains(t, out.String(), "the inbox table as sqlinbox creates it")
 }
 
 // The end-to-end run through an in-process Kafka broker works too.
