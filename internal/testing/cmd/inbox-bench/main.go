@@ -243,7 +243,7 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 				last = time.Now()
 			}
 		}
-		if o.prefillK != "processed_at" && (o.prefillK != "event_time" || o.prefillP == "none" || o.prefillP == "") {
+		if o.prefillK != "" && o.prefillK != "processed_at" && (o.prefillK != "event_time" || o.prefillP == "none" || o.prefillP == "") {
 			return fmt.Errorf("-prefill-key %q: use processed_at, or event_time with -prefill-partitioning daily or monthly", o.prefillK)
 		}
 		switch o.prefillP {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/internal/testing/bench"
 )
 
 // A short run of every driver and mode: the program works end to end and
@@ -106,7 +107,7 @@ func TestPrefillPartitionedSmoke(t *testing.T) {
 	// The partitions a purge keeps: one per day (or month) of the past
 	// days, the current one and those ahead, and the default partition.
 	want := func(layout string) int {
-		if layout == "daily" {
+		if layout != "monthly" {
 			return prefillDays + 1 + prefillAhead + 1
 		}
 		months := map[string]bool{}
@@ -119,9 +120,10 @@ func TestPrefillPartitionedSmoke(t *testing.T) {
 		}
 		return len(months) + 1
 	}
-	for _, layout := range []string{"daily", "monthly"} {
+	for _, layout := range []string{"daily", "monthly", "daily-event_time"} {
 		t.Run(layout, func(t *testing.T) {
 			t.Parallel()
+			layout, key, _ := strings.Cut(layout, "-")
 			table := testdb.Name("inbox_bench_prefill_" + layout)
 			dsn := testdb.PostgresDSN()
 			db, err := sql.Open("pgx", dsn)
@@ -132,7 +134,7 @@ func TestPrefillPartitionedSmoke(t *testing.T) {
 			})
 			var out bytes.Buffer
 			err = run(context.Background(), options{
-				drivers: "pgx", dsn: dsn, conc: []int{2}, prefill: 3000, prefillP: layout, prefillT: table,
+				drivers: "pgx", dsn: dsn, conc: []int{2}, prefill: 3000, prefillP: layout, prefillK: key, prefillT: table,
 				duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, modes: "bare,inbox-full,dup-full", out: &out,
 			})
 			require.NoError(t, err, out.String())
@@ -144,6 +146,16 @@ func TestPrefillPartitionedSmoke(t *testing.T) {
 			require.Equal(t, want(layout), parts, "the past days, the current period, those ahead and the default partition")
 			require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table+`_default`).Scan(&inDefault))
 			require.Zero(t, inDefault, "every claim has a partition of its own period")
+			if key == "event_time" {
+				// The duplicates mode redelivers ids the table holds.
+				var comment string
+				require.NoError(t, db.QueryRow(`SELECT obj_description($1::regclass, 'pg_class')`, table).Scan(&comment))
+				filledOn, err := time.Parse(time.DateOnly, comment)
+				require.NoError(t, err)
+				var n int
+				require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table+` WHERE event_id = $1`, bench.PrefilledIDTime(3000, filledOn, prefillDays)).Scan(&n))
+				require.Equal(t, 1, n)
+			}
 		})
 	}
 }
