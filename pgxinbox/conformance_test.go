@@ -17,15 +17,17 @@ import (
 )
 
 // TestConformance runs the middleware's whole behaviour through the native
-// pgx path: the same suite as every database/sql driver, on a plain and on
-// a daily-partitioned table.
+// pgx path: the same suite as every database/sql driver, on a plain table,
+// on one partitioned daily by processed_at and on one partitioned daily by
+// the time inside event ids.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []sqlinbox.Partitioning{sqlinbox.NoPartitioning, sqlinbox.Daily} {
+	for _, layout := range []string{"", "daily-partitions", "event-time-partitions"} {
 		target := nativeTarget("PostgreSQL/pgx-native")
-		if mode != sqlinbox.NoPartitioning {
-			target.Name += "/" + mode.String() + "-partitions"
-			target.Partitioning = mode
+		if layout != "" {
+			target.Name += "/" + layout
+			target.Partitioning = sqlinbox.Daily
+			target.EventIDTime = layout == "event-time-partitions"
 		}
 		t.Run(target.Name, func(t *testing.T) {
 			t.Parallel()

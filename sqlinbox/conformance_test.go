@@ -20,6 +20,7 @@ func TestConformance(t *testing.T) {
 		postgresTarget("PostgreSQL/lib-pq", "postgres"),
 		postgresTarget("PostgreSQL/pgx-stdlib", "pgx"),
 		partitioned(postgresTarget("PostgreSQL/daily-partitions", "pgx"), sqlinbox.Daily),
+		eventIDTime(postgresTarget("PostgreSQL/event-time-partitions", "postgres")),
 		{
 			Name:             "MySQL/go-sql-driver",
 			Dialect:          sqlinbox.MySQL,
@@ -57,6 +58,11 @@ func postgresTarget(name, driver string) conformance.Target {
 
 func partitioned(target conformance.Target, mode sqlinbox.Partitioning) conformance.Target {
 	target.Partitioning = mode
+	return target
+}
+
+func eventIDTime(target conformance.Target) conformance.Target {
+	target.Partitioning, target.EventIDTime = sqlinbox.Daily, true
 	return target
 }
 

@@ -467,6 +467,9 @@ func testClaimTimeout(t *testing.T, target Target) {
 
 	// The timeout bounds the claim only: a handler statement that waits
 	// longer than it for another transaction's lock still succeeds.
+	if target.EventIDTime {
+		return // the handler's statement below writes the inbox row by its readable id
+	}
 	release, first = holdClaim(t, b, mw, "y")
 	waiting := make(chan struct{})
 	handled := make(chan error, 1)
@@ -615,6 +618,7 @@ func testContextRestored(t *testing.T, target Target) {
 // UUID mode: non-UUIDs are refused before any SQL; case variants of one
 // UUID are one event.
 func testUUIDEventIDs(t *testing.T, target Target) {
+	skipReadableIDs(t, target, "it needs ids that are not UUIDs to reach the store")
 	b := setup(t, target, func(c *sqlinbox.Config) { c.UUIDEventIDs = true })
 	mw := b.middleware(t, inbox.Config{Consumer: "c"})
 	id := "0b5a3c9e-1f2d-4e5f-8a9b-0c1d2e3f4a5b"

@@ -53,6 +53,10 @@ type Target struct {
 	// Partitioning is the inbox table's layout (PostgreSQL time
 	// partitions, whose claims take another path). Defaults to none.
 	Partitioning sqlinbox.Partitioning
+	// EventIDTime partitions the table by the time inside event ids
+	// (sqlinbox.EventIDTime, with Partitioning). The suite's readable ids
+	// carry no time: each store it builds is wrapped in timedIDs.
+	EventIDTime bool
 
 	// Native, when set, runs the suite on the target's own store instead of
 	// a *sqlinbox.Store on Open. Tables are still created and inspected
@@ -138,6 +142,9 @@ func setup(t *testing.T, target Target, mutate ...func(*sqlinbox.Config)) *bundl
 	t.Helper()
 	db := target.Open(t)
 	cfg := sqlinbox.Config{Dialect: target.Dialect, Table: testdb.Table(t, db, "inbox"), Partitioning: target.Partitioning}
+	if target.EventIDTime {
+		cfg.PartitionKey = sqlinbox.EventIDTime
+	}
 	for _, m := range mutate {
 		m(&cfg)
 	}
@@ -162,9 +169,9 @@ func (b *bundle) middleware(t testing.TB, cfg inbox.Config) message.HandlerMiddl
 		if b.target.Native != nil {
 			store, _, err := b.target.Native.Store(t, b.config)
 			require.NoError(t, err)
-			cfg.Store = store
+			cfg.Store = b.timed(store)
 		} else {
-			cfg.Store = b.store
+			cfg.Store = b.timed(b.store)
 		}
 	}
 	mw, err := inbox.NewMiddleware(cfg)
@@ -181,13 +188,13 @@ func (b *bundle) middlewareOn(t testing.TB, sc sqlinbox.Config, cfg inbox.Config
 		if err != nil {
 			return nil, err
 		}
-		cfg.Store = store
+		cfg.Store = b.timed(store)
 		return inbox.NewMiddleware(cfg)
 	}
 	store, err := sqlinbox.New(b.db, sc)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
-	cfg.Store = store
+	cfg.Store = b.timed(store)
 	return inbox.NewMiddleware(cfg)
 }
 
@@ -198,13 +205,13 @@ func (b *bundle) freshMiddleware(t testing.TB, cfg inbox.Config) (mw message.Han
 	if b.target.Native != nil {
 		store, closePool, err := b.target.Native.Store(t, b.config)
 		require.NoError(t, err)
-		cfg.Store = store
+		cfg.Store = b.timed(store)
 		return b.middleware(t, cfg), closePool
 	}
 	db := b.target.Open(t)
 	store, err := sqlinbox.New(db, b.config)
 	require.NoError(t, err)
-	cfg.Store = store
+	cfg.Store = b.timed(store)
 	return b.middleware(t, cfg), func() { _ = db.Close() }
 }
 
