@@ -267,3 +267,27 @@ func TestCreateSchemaMakesPartitions(t *testing.T) {
 		}
 	}
 }
+
+// The stale-event policy, reading the time from the id itself, turns away
+// a copy older than the retention before any SQL, where its partition may
+// be gone and the copy would pass as new.
+func TestEventIDTimeStaleCopies(t *testing.T) {
+	t.Parallel()
+	db, store, table := idTimeStore(t, "pgx")
+	mw, err := inbox.NewMiddleware(inbox.Config{
+		Store: store, Consumer: "billing",
+		MaxEventAge: 2 * day, EventTime: inbox.EventTimeFromEventID(inbox.DefaultEventID), StaleEvents: inbox.StaleReject,
+	})
+	require.NoError(t, err)
+	calls := 0
+	h := mw(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
+	now := dbNow(t, db)
+	_, err = h(message.NewMessage(testdb.UUIDv7(now.Add(-3*day), "old"), nil))
+	require.ErrorIs(t, err, inbox.ErrStaleEvent)
+	_, err = h(message.NewMessage(testdb.UUIDv7(now, "new"), nil))
+	require.NoError(t, err)
+	require.Equal(t, 1, calls)
+	var rows int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table).Scan(&rows))
+	require.Equal(t, 1, rows)
+}
