@@ -17,6 +17,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
@@ -28,12 +29,13 @@ import (
 const WaitFor = 30 * time.Second
 
 // PublishEvents publishes n new events to topic and returns their ids
-// (msg.UUID).
+// (msg.UUID): UUIDv7s, which every inbox layout takes, tables partitioned by
+// the time inside event ids included.
 func PublishEvents(t testing.TB, pub message.Publisher, topic string, n int) []string {
 	t.Helper()
 	ids := make([]string, n)
 	for i := range ids {
-		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"n":%d}`, i))
+		msg := message.NewMessage(uuid.Must(uuid.NewV7()).String(), fmt.Appendf(nil, `{"n":%d}`, i))
 		ids[i] = msg.UUID
 		require.NoError(t, pub.Publish(topic, msg))
 	}
@@ -45,8 +47,9 @@ type Service struct {
 	Name    string // handler name, hence inbox consumer
 	DB      *stdsql.DB
 	Store   *sqlinbox.Store
-	Inbox   string // inbox table
-	Effects string // effect table
+	Config  sqlinbox.Config // the store's
+	Inbox   string          // inbox table
+	Effects string          // effect table
 
 	Delivered atomic.Int64 // messages that reached the inbox
 	Handled   atomic.Int64 // handler calls that committed
@@ -72,10 +75,10 @@ func NewServiceWith(t testing.TB, db *stdsql.DB, name string, config sqlinbox.Co
 	return s
 }
 
-// OpenService uses tables another process created.
-func OpenService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string) *Service {
+// OpenService uses tables another process created with config.
+func OpenService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string, config sqlinbox.Config) *Service {
 	t.Helper()
-	return openService(t, db, name, inboxTable, effects, sqlinbox.Config{})
+	return openService(t, db, name, inboxTable, effects, config)
 }
 
 func openService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string, config sqlinbox.Config) *Service {
@@ -83,7 +86,7 @@ func openService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string, 
 	config.Dialect, config.Table = sqlinbox.PostgreSQL, inboxTable
 	store, err := sqlinbox.New(db, config)
 	require.NoError(t, err)
-	return &Service{Name: name, DB: db, Store: store, Inbox: inboxTable, Effects: effects, outcomes: map[inbox.Outcome]int64{}}
+	return &Service{Name: name, DB: db, Store: store, Config: config, Inbox: inboxTable, Effects: effects, outcomes: map[inbox.Outcome]int64{}}
 }
 
 // RunConfig adds behaviour around a service's handler.

@@ -33,6 +33,7 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
+	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 // specEnv carries the child's spec, as JSON.
@@ -127,6 +128,9 @@ type Consumer struct {
 	Inbox    string
 	Effects  string
 	DieAfter int64
+	// The inbox table's layout, as the service's store has it.
+	Partitioning sqlinbox.Partitioning
+	PartitionKey sqlinbox.PartitionKey
 }
 
 // ConsumeUntilKilled reports whether this process is a consumer child
@@ -138,7 +142,7 @@ func ConsumeUntilKilled(t *testing.T, subscriber func(c Consumer) message.Subscr
 		return false
 	}
 	db := testdb.Open(t, "pgx", c.DSN)
-	s := effects.OpenService(t, db, c.Service, c.Inbox, c.Effects)
+	s := effects.OpenService(t, db, c.Service, c.Inbox, c.Effects, sqlinbox.Config{Partitioning: c.Partitioning, PartitionKey: c.PartitionKey})
 	s.Run(t, subscriber(c), c.Topic, effects.RunConfig{AfterEffect: AfterCommit(c.DieAfter)})
 	Linger(t)
 	return true
@@ -154,6 +158,7 @@ func KillConsumer(t *testing.T, s *effects.Service, server, topic string, dieAft
 	Run(t, Consumer{
 		Server: server, Topic: topic, DSN: WithAppName(testdb.PostgresDSN(), appName),
 		Service: s.Name, Inbox: s.Inbox, Effects: s.Effects, DieAfter: dieAfter,
+		Partitioning: s.Config.Partitioning, PartitionKey: s.Config.PartitionKey,
 	})
 	WaitDisconnected(t, s.DB, appName)
 	committed := s.EffectRows(t)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
 	"github.com/watermill-inbox/inbox/internal/testing/killtest"
+	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 // Cause 1: the relay publishes an event, crashes before recording that it
@@ -45,17 +46,38 @@ func TestRelayPublishesTwice(t *testing.T) {
 // The test binary runs itself as the child (killtest): there, this test is
 // the consumer that kills itself.
 func TestConsumerKilledBeforeOffsetCommit(t *testing.T) {
-	if killtest.ConsumeUntilKilled(t, func(c killtest.Consumer) message.Subscriber {
-		// Commit each offset right after its ack, so the offsets of all but
-		// the messages in flight at the kill are committed.
-		config := saramaConsumerConfig()
-		config.Consumer.Offsets.AutoCommit.Enable = false
-		return kafkaSubscriberWith(t, strings.Split(c.Server, ","), "billing", config)
-	}) {
-		return
-	}
 	t.Parallel()
-	f := setup(t)
+	for _, layout := range []struct {
+		name   string
+		config sqlinbox.Config
+	}{
+		{"plain", sqlinbox.Config{}},
+		// The time-keyed claim commits with the effect as the plain one does.
+		{"event-time-partitions", sqlinbox.Config{Partitioning: sqlinbox.Daily, PartitionKey: sqlinbox.EventIDTime}},
+	} {
+		t.Run(layout.name, func(t *testing.T) {
+			if killtest.ConsumeUntilKilled(t, func(c killtest.Consumer) message.Subscriber {
+				// Commit each offset right after its ack, so the offsets of all but
+				// the messages in flight at the kill are committed.
+				config := saramaConsumerConfig()
+				config.Consumer.Offsets.AutoCommit.Enable = false
+				return kafkaSubscriberWith(t, strings.Split(c.Server, ","), "billing", config)
+			}) {
+				return
+			}
+			t.Parallel()
+			f := setupWith(t, layout.config)
+			consumerKilledBeforeOffsetCommit(t, f)
+			if layout.config.PartitionKey == sqlinbox.EventIDTime {
+				var inDefault int
+				require.NoError(t, f.db.QueryRow(`SELECT count(*) FROM `+f.billing.Inbox+`_default`).Scan(&inDefault))
+				require.Zero(t, inDefault, "every claim in the partition of its id's day")
+			}
+		})
+	}
+}
+
+func consumerKilledBeforeOffsetCommit(t *testing.T, f fixture) {
 	b, topic, billing := f.broker, f.topic, f.billing
 	ids := effects.PublishEvents(t, kafkaPublisher(t, b.addrs), topic, 40)
 

@@ -22,6 +22,7 @@ import (
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
 	"github.com/watermill-inbox/inbox/internal/testing/kafkatest"
+	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 // Group timings come from kafkatest: a member that dies (SIGKILL) is
@@ -143,9 +144,15 @@ type fixture struct {
 
 func setup(t testing.TB) fixture {
 	t.Helper()
+	return setupWith(t, sqlinbox.Config{})
+}
+
+// setupWith is setup with the billing service's store configured as config.
+func setupWith(t testing.TB, config sqlinbox.Config) fixture {
+	t.Helper()
 	db := testdb.Postgres(t, "pgx")
 	b := newBroker(t)
-	return fixture{db: db, broker: b, topic: b.topic(t, "orders"), billing: effects.NewService(t, db, "billing")}
+	return fixture{db: db, broker: b, topic: b.topic(t, "orders"), billing: effects.NewServiceWith(t, db, "billing", config)}
 }
 
 // outbox is a watermill-sql v4 outbox on PostgreSQL, fronted by Watermill's
