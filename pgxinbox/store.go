@@ -107,9 +107,10 @@ func (s *Store) Close() error {
 
 // Claim implements [inbox.Store] on a pooled connection, in one round trip:
 // BEGIN and the INSERT are pipelined, with the event's lock between them on
-// a partitioned table. For a duplicate or an error the transaction is
-// already rolled back and its connection back in the pool; for a duplicate
-// with a fingerprint, reading the original's costs one more round trip.
+// a table partitioned by processed_at. For a duplicate or an error the
+// transaction is already rolled back and its connection back in the pool;
+// for a duplicate with a fingerprint, reading the original's costs one more
+// round trip.
 func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.StoreTx, []byte, error) {
 	if fingerprint != nil {
 		if err := s.CheckFingerprints(); err != nil {

@@ -92,7 +92,9 @@ type Store interface {
 
 // Config configures New.
 type Config struct {
-	// Retention is how long a row is kept after its message was processed.
+	// Retention is how long a row is kept after its message was processed
+	// (on a table partitioned by sqlinbox.EventIDTime: after the time inside
+	// its event id).
 	// It must exceed the longest time a copy of an event can still arrive:
 	// the broker's retention plus retry horizons. Required: there is no
 	// safe default, since it depends on your broker.

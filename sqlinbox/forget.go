@@ -11,9 +11,10 @@ import (
 )
 
 // forgetBatch is how many event ids one statement, and one transaction of
-// Forget, carries. On a partitioned table each id holds an advisory lock
-// until the transaction ends, and PostgreSQL's lock table is shared and
-// sized by max_locks_per_transaction (64 per connection by default).
+// Forget, carries. On a table partitioned by processed_at each id holds an
+// advisory lock until the transaction ends, and PostgreSQL's lock table is
+// shared and sized by max_locks_per_transaction (64 per connection by
+// default).
 const forgetBatch = 500
 
 // Claims implements maintenance.Store.
