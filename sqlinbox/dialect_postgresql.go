@@ -21,8 +21,7 @@ func (postgresql) queries(t tableName, c Config) queries {
 	if c.UUIDEventIDs {
 		idType = "uuid"
 	}
-	// With fingerprints the claim inserts a third column; without, its
-	// text stays the same as before the feature existed.
+	// With fingerprints the claim inserts a third column.
 	cols, fpCol, fpVal := "consumer, event_id", "", ""
 	if c.Fingerprints {
 		cols, fpCol, fpVal = "consumer, event_id, fingerprint", "\n\tfingerprint  bytea,", ", $3::bytea"
@@ -47,12 +46,8 @@ func (postgresql) queries(t tableName, c Config) queries {
 			// scan the table.
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
 		},
-		// ON CONFLICT DO NOTHING never fails on the key: the row count says
-		// new (1) or duplicate (0). A copy of the event still inside another
-		// transaction makes this wait until that one commits (duplicate) or
-		// rolls back (claimed here).
-		claim: fmt.Sprintf(`INSERT INTO %s (%s) VALUES ($1, $2%s) ON CONFLICT DO NOTHING`, table, cols, fpVal),
 	}
+	q.claim, q.afterClaim = pgInsertClaim(c, table, cols, "$1::text, $2::"+idType+fpVal)
 	if c.Fingerprints {
 		q.fingerprint = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = $1 AND event_id = $2`, table)
 	}
@@ -60,16 +55,25 @@ func (postgresql) queries(t tableName, c Config) queries {
 	q.addFingerprint = fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS fingerprint bytea`, table)
 	q.oldest = oldest
 	q.verify = verifyLayout(t, c)
-	if c.ClaimTimeout > 0 {
-		// set_config runs in the CTE before the insert looks for a conflict,
-		// so the lock wait of this very statement is bounded; afterClaim
-		// restores the session's value so the handler's own statements are
-		// not.
-		q.claim = fmt.Sprintf(`%sINSERT INTO %s (%s) SELECT $1::text, $2::%s%s FROM lt ON CONFLICT DO NOTHING`,
-			pgClaimTimeout(c), table, cols, idType, fpVal)
-		q.afterClaim = pgRestoreLockTimeout
-	}
 	return q
+}
+
+// pgInsertClaim is the claim of a table whose key sees every duplicate (a
+// plain table, or one partitioned by EventIDTime), inserting vals into
+// cols, and the statement to run after it. ON CONFLICT DO NOTHING never
+// fails on the key: the row count says new (1) or duplicate (0). A copy of
+// the event still inside another transaction makes it wait until that one
+// commits (duplicate) or rolls back (claimed here).
+//
+// With a ClaimTimeout, set_config runs in a CTE before the insert looks for
+// a conflict, so the lock wait of this very statement is bounded; the
+// statement after it restores the session's value, so the handler's own
+// statements are not.
+func pgInsertClaim(c Config, table, cols, vals string) (claim, after string) {
+	if c.ClaimTimeout > 0 {
+		return fmt.Sprintf(`%sINSERT INTO %s (%s) SELECT %s FROM lt ON CONFLICT DO NOTHING`, pgClaimTimeout(c), table, cols, vals), pgRestoreLockTimeout
+	}
+	return fmt.Sprintf(`INSERT INTO %s (%s) VALUES (%s) ON CONFLICT DO NOTHING`, table, cols, vals), ""
 }
 
 // pgClaimTimeout is a WITH clause whose CTE lt, selected from, sets

@@ -36,7 +36,6 @@ func idTimeQueries(t tableName, c Config, idType, fpCol string) queries {
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (event_time)`, quoteName(def.derived("event_time_idx").name, '"'), def.quoted('"')),
 			pgCreatePartitions(t, c),
 		},
-		claim:  fmt.Sprintf(`INSERT INTO %s (%s) VALUES (%s) ON CONFLICT DO NOTHING`, table, cols, vals),
 		idTime: true,
 		// A loose index scan: each consumer found by one probe of the key
 		// (per partition), then its oldest event_time by one more.
@@ -48,10 +47,7 @@ func idTimeQueries(t tableName, c Config, idType, fpCol string) queries {
 SELECT %[2]s FROM (SELECT (SELECT min(event_time) FROM %[1]s WHERE consumer = c.consumer) AS m FROM c WHERE c.consumer IS NOT NULL) o`, table, pgUTC("min(m)")),
 		addFingerprint: fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS fingerprint bytea`, table),
 	}
-	if c.ClaimTimeout > 0 {
-		q.claim = fmt.Sprintf(`%sINSERT INTO %s (%s) SELECT %s FROM lt ON CONFLICT DO NOTHING`, pgClaimTimeout(c), table, cols, vals)
-		q.afterClaim = pgRestoreLockTimeout
-	}
+	q.claim, q.afterClaim = pgInsertClaim(c, table, cols, vals)
 	if c.Fingerprints {
 		q.fingerprint = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = $1 AND event_id = $2 AND event_time = $3`, table)
 	}

@@ -13,6 +13,6 @@ import (
 func UUIDv7(at time.Time, label string) string {
 	sum := sha256.Sum256([]byte(label))
 	h := hex.EncodeToString(sum[:])
-	return fmt.Sprintf("%012x", uint64(at.UnixMilli())&(1<<48-1))[:8] + "-" +
-		fmt.Sprintf("%012x", uint64(at.UnixMilli())&(1<<48-1))[8:] + "-7" + h[0:3] + "-8" + h[3:6] + "-" + h[6:18]
+	ms := fmt.Sprintf("%012x", uint64(at.UnixMilli())&(1<<48-1))
+	return ms[:8] + "-" + ms[8:] + "-7" + h[0:3] + "-8" + h[3:6] + "-" + h[6:18]
 }
