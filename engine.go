@@ -27,6 +27,9 @@ type engine struct {
 	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
 	txUseMu      sync.RWMutex
 	txUse        map[string]txUse // per consumer, for reportUnusedTx
+
+	observers []Observer // Config.Observer, inbox.Observers flattened (observe.go)
+	panics    observerPanics
 }
 
 // middleware wraps h.
@@ -37,12 +40,19 @@ func (e *engine) middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 func (e *engine) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	if e.config.Observer == nil {
+	if len(e.observers) == 0 {
 		return e.process(h, msg, nil)
 	}
 	ob := Observation{Start: time.Now()}
 	orig := msg.Context()
-	ctx, done := e.config.Observer.Start(orig)
+	ctx := orig
+	var buf [4]func(Observation)
+	dones := buf[:0]
+	for _, o := range e.observers {
+		var done func(Observation)
+		ctx, done = e.startObserver(o, ctx, orig)
+		dones = append(dones, done)
+	}
 	msg.SetContext(ctx)
 	defer msg.SetContext(orig)
 	finished := false
@@ -50,14 +60,14 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		if !finished { // the handler panicked
 			ob.Outcome, ob.Err = OutcomeRolledBack, errPanicked
 			ob.Duration = time.Since(ob.Start)
-			done(ob)
+			e.observed(dones, ob)
 		}
 	}()
 	produced, err := e.process(h, msg, &ob)
 	finished = true
 	ob.Err = err
 	ob.Duration = time.Since(ob.Start)
-	done(ob)
+	e.observed(dones, ob)
 	return produced, err
 }
 

@@ -174,7 +174,7 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("inbox: invalid config: %w", err)
 	}
-	e := &engine{config: config}
+	e := &engine{config: config, observers: flatten(config.Observer)}
 	if checker, ok := config.Store.(EventIDChecker); ok {
 		e.checkID = checker.CheckEventID
 	}

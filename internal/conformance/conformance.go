@@ -105,6 +105,7 @@ func Run(t *testing.T, target Target) {
 		{"ClaimTimeout", testClaimTimeout},
 		{"AfterCommitHooks", testAfterCommitHooks},
 		{"AfterCommitHookPanics", testAfterCommitHookPanics},
+		{"ObserverPanics", testObserverPanics},
 		{"AfterCommitAfterTheHandler", testAfterCommitAfterTheHandler},
 		{"ContextRestored", testContextRestored},
 		{"UUIDEventIDs", testUUIDEventIDs},
