@@ -117,20 +117,7 @@ func (p panicky) Start(ctx context.Context) (context.Context, func(inbox.Observa
 func TestObserverPanicChangesNothing(t *testing.T) {
 	t.Parallel()
 	w := newWiring(t)
-	var (
-		mu       sync.Mutex
-		produced []string
-	)
-	out, err := w.ps.Subscribe(context.Background(), "out")
-	require.NoError(t, err)
-	go func() {
-		for m := range out {
-			mu.Lock()
-			produced = append(produced, string(m.Payload))
-			mu.Unlock()
-			m.Ack()
-		}
-	}()
+	produced := conformance.Payloads(t, w.ps, "out")
 	var failures atomic.Int64
 	conformance.RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(middleware.Recoverer, w.middleware(t, inbox.Config{Observer: panicky{start: map[string]bool{"starts": true}}}))
@@ -158,9 +145,7 @@ func TestObserverPanicChangesNothing(t *testing.T) {
 		conformance.PublishWithin(t, w.ps, name, failing)
 	}
 	require.EqualValues(t, 2, failures.Load(), "each failed attempt was nacked and redelivered")
-	mu.Lock()
-	require.ElementsMatch(t, []string{"starts", "starts", "dones", "dones"}, produced, "one produced message per event")
-	mu.Unlock()
+	require.ElementsMatch(t, []string{"starts", "starts", "dones", "dones"}, produced(), "one produced message per event")
 	require.Equal(t, 4, w.effects(t))
 	require.Equal(t, 4, w.claims(t))
 	logged := w.logs.Captured()[watermill.ErrorLogLevel]

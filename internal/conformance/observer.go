@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 
@@ -51,20 +52,7 @@ func testObserverPanics(t *testing.T, target Target) {
 		t.Run(map[bool]string{true: "Start", false: "done"}[inStart], func(t *testing.T) {
 			b := setup(t, target)
 			ps := pubsub()
-			var (
-				mu       sync.Mutex
-				produced []string
-			)
-			out, err := ps.Subscribe(context.Background(), "out")
-			require.NoError(t, err)
-			go func() {
-				for m := range out {
-					mu.Lock()
-					produced = append(produced, string(m.Payload))
-					mu.Unlock()
-					m.Ack()
-				}
-			}()
+			produced := Payloads(t, ps, "out")
 			last := &lastObservation{}
 			RunRouter(t, func(r *message.Router) {
 				r.AddMiddleware(middleware.Recoverer, b.middleware(t, inbox.Config{
@@ -87,9 +75,7 @@ func testObserverPanics(t *testing.T, target Target) {
 			// Publish returned once the router acked, after it had
 			// published the produced messages, which the subscriber
 			// above acked first.
-			mu.Lock()
-			require.ElementsMatch(t, events, produced, "each event's produced message, once")
-			mu.Unlock()
+			require.ElementsMatch(t, events, produced(), "each event's produced message, once")
 			require.Equal(t, once("billing", events...), b.effectCounts(t))
 			require.Equal(t, len(events), b.claims(t))
 			last.mu.Lock()
@@ -98,5 +84,30 @@ func testObserverPanics(t *testing.T, target Target) {
 			require.Equal(t, inbox.OutcomeDuplicate, last.ob.Outcome)
 			require.EqualValues(t, 9, last.ob.ObserverPanics, "every panic counted, this message's included")
 		})
+	}
+}
+
+// Payloads subscribes to topic and acks every message; the function it
+// returns lists the payloads received so far.
+func Payloads(t testing.TB, sub message.Subscriber, topic string) func() []string {
+	t.Helper()
+	var (
+		mu       sync.Mutex
+		payloads []string
+	)
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	go func() {
+		for m := range msgs {
+			mu.Lock()
+			payloads = append(payloads, string(m.Payload))
+			mu.Unlock()
+			m.Ack()
+		}
+	}()
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(payloads)
 	}
 }
