@@ -30,6 +30,9 @@ type engine struct {
 
 	observers []Observer // Config.Observer, inbox.Observers flattened (observe.go)
 	panics    observerPanics
+
+	publisherMu sync.RWMutex
+	publishers  map[string]publisherCheck // per consumer (producedtx.go)
 }
 
 // middleware wraps h.
@@ -180,7 +183,10 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 	}
 	if e.config.ProducedPublisher != nil && len(produced) > 0 {
 		s.markTxTaken()
-		if err := e.publishInTx(hctx, produced); err != nil {
+		if err := e.publishInTx(hctx, s, produced); err != nil {
+			if errors.Is(err, ErrMiswired) {
+				ob.Outcome = OutcomeMiswired
+			}
 			return nil, err
 		}
 		produced = nil
@@ -270,24 +276,6 @@ func (e *engine) eventID(msg *message.Message) (string, error) {
 		return e.checkID(id)
 	}
 	return id, nil
-}
-
-// publishInTx publishes the handler's produced messages through the
-// publisher Config.ProducedPublisher builds in ctx, the handler's context,
-// whose transaction it takes.
-func (e *engine) publishInTx(ctx context.Context, produced []*message.Message) error {
-	topic := message.PublishTopicFromCtx(ctx)
-	if topic == "" {
-		return errors.New("inbox: handler returned messages but has no publish topic; add the handler with router.AddHandler, not AddConsumerHandler")
-	}
-	pub, err := e.config.ProducedPublisher(ctx)
-	if err != nil {
-		return fmt.Errorf("inbox: building the in-transaction publisher: %w", err)
-	}
-	if err := pub.Publish(topic, produced...); err != nil {
-		return fmt.Errorf("inbox: publishing produced messages in the transaction: %w", err)
-	}
-	return nil
 }
 
 // runHooks runs the session's after-commit hooks in order and returns

@@ -51,6 +51,13 @@ func (s timedIDs) CheckFingerprints() error {
 	return nil
 }
 
+func (s timedIDs) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, bool, error) {
+	if c, ok := s.store.(inbox.TxWriteCounter); ok {
+		return c.CountTxWrites(ctx, tx)
+	}
+	return 0, false, nil
+}
+
 // timed wraps store in timedIDs on an EventIDTime target.
 func (b *bundle) timed(store inbox.Store) inbox.Store {
 	if !b.target.EventIDTime {
