@@ -14,6 +14,8 @@
 // or a MySQL named lock held by the round); the others skip the round. On a
 // partitioned PostgreSQL table (sqlinbox.Config.Partitioning) the purge
 // creates partitions ahead of time and drops whole expired partitions.
+// Before its first delete a purger checks that the table's times compare
+// correctly with its cutoff (ErrTableMismatch).
 //
 //	p, err := purge.New(store, purge.Config{Retention: 14 * 24 * time.Hour, Logger: logger})
 //	go p.Run(ctx) // or: deleted, err := p.PurgeOnce(ctx) from cron (inbox purge, cmd/inbox)
@@ -82,6 +84,17 @@ func (skippedError) Error() string { return "purge: another purge of this table 
 // Skipped reports that the round did nothing because another purge of the
 // table was running.
 func (skippedError) Skipped() bool { return true }
+
+// ErrTableMismatch is returned by PurgeOnce and DryRun, before anything is
+// deleted, when the table's times cannot be compared correctly with the
+// purge's cutoff: a time column of the wrong type (MySQL TIMESTAMP instead
+// of DATETIME(6), PostgreSQL timestamp without time zone) or, on SQLite,
+// rows whose processed_at is text in another form than the one the
+// column's default writes. Purging such a table would delete rows still
+// inside the retention. The error says what is wrong and how to migrate;
+// a purger checks again each round until the table passes, then never
+// again. Test for it with errors.Is.
+var ErrTableMismatch = maintenance.ErrTableMismatch
 
 // Store is an inbox store the purge can maintain: a *sqlinbox.Store or a
 // *pgxinbox.Store. Its method returns a type internal to this module, so
@@ -256,6 +269,7 @@ type Purger struct {
 
 	running sync.Mutex // held by a round, so rounds in one process never overlap
 	batch   int        // current batch size, shrunk after timeouts; guarded by running
+	checked bool       // the table passed CheckTable; guarded by running
 }
 
 // New validates config and returns a Purger for store's table. It does not
@@ -309,6 +323,10 @@ func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 		return 0, ErrSkipped
 	}
 	defer sess.Close() //nolint:errcheck // Close discards the connection when the unlock fails
+	if err := p.checkTable(ctx, sess); err != nil {
+		p.config.Logger.Error("Inbox purge round refused: nothing was deleted", err, watermill.LogFields{"table": p.store.Table()})
+		return 0, err
+	}
 
 	start := time.Now()
 	r := round{}
@@ -345,6 +363,20 @@ func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 	}
 	p.config.Logger.Info("Inbox purge round done", fields)
 	return r.deleted + r.droppedRows, nil
+}
+
+// checkTable verifies the table before the purger's first delete; a table
+// that fails is checked again next round, so a migration takes effect
+// without a restart.
+func (p *Purger) checkTable(ctx context.Context, sess maintenance.PurgeSession) error {
+	if p.checked {
+		return nil
+	}
+	if err := sess.CheckTable(ctx); err != nil {
+		return fmt.Errorf("purge: %w", err)
+	}
+	p.checked = true
+	return nil
 }
 
 func (p *Purger) logSkipped() {
@@ -472,6 +504,9 @@ func (p *Purger) DryRun(ctx context.Context) (map[string]int64, error) {
 		return nil, ErrSkipped
 	}
 	defer sess.Close() //nolint:errcheck // nothing was written
+	if err := p.checkTable(ctx, sess); err != nil {
+		return nil, err
+	}
 	total := map[string]int64{}
 	add := func(counts map[string]int64) {
 		for c, n := range counts {

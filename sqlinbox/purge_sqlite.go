@@ -13,8 +13,11 @@ func (sqlite) purgeQueries(t tableName, _ Config) purgeQueries {
 	table := t.quoted('"')
 	question := func(int) string { return "?" }
 	// processed_at is ISO 8601 UTC text, which sorts as it compares; the
-	// cutoff is built the same way from the database clock.
-	const expired = `processed_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (? / 1000000.0) || ' seconds')`
+	// cutoff is built the same way from the database clock. Text in
+	// another form does not sort as time: CheckTable refuses a table with
+	// such rows, and rows written later in another form are never deleted
+	// (nor counted).
+	expired := `processed_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (? / 1000000.0) || ' seconds') AND ` + sqliteCanonicalTime("processed_at")
 	return purgeQueries{
 		// No lock: SQLite lets one writer at a time, so concurrent purges
 		// take turns batch by batch and never delete a row twice.

@@ -242,3 +242,22 @@ func TestPurgePartitioned(t *testing.T) {
 	require.Contains(t, errOut, "partitions_created")
 	require.Empty(t, f.rows(t))
 }
+
+// A table whose times the purge would compare wrongly is refused by the
+// command as by the package, dry run included, before any row goes, with
+// what to do: here SQLite rows written by datetime('now'), 90 minutes
+// old, which a 2-hour purge used to delete.
+func TestPurgeRefusesForeignTimes(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlite)
+	f.seed(t, "billing", 3*time.Hour, "old")
+	_, err := f.db.Exec(`INSERT INTO ` + f.table + ` (consumer, event_id, processed_at) VALUES ('billing', 'text', datetime('now', '-90 minutes'))`)
+	require.NoError(t, err)
+	for _, args := range [][]string{{"-dry-run"}, {}} {
+		code, _, errOut := f.run(t, "purge", append([]string{"-retention", "2h", "-allow-short-retention"}, args...)...)
+		require.Equal(t, exitFailed, code, errOut)
+		require.Contains(t, errOut, "the purge refuses this table: 1 row has a processed_at the purge cannot compare, such as \"20")
+		require.Contains(t, errOut, "Migrate the rows SQLite can read")
+	}
+	require.Equal(t, map[string]int{"billing": 2}, f.rows(t))
+}
