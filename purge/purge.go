@@ -50,6 +50,12 @@ const (
 	// MinBatchSize is the smallest batch the purge shrinks to after
 	// statement timeouts; a timeout at this size fails the round.
 	MinBatchSize = 100
+	// MaxBatchSize is the largest BatchSize New takes, on every dialect:
+	// ten times the default. A batch holds its row locks (on SQLite the
+	// database's only write lock) and its undo or WAL until it commits,
+	// and claims wait behind it; a larger one is the huge DELETE the
+	// batches exist to avoid.
+	MaxBatchSize = 50_000
 	// DefaultStatementTimeout bounds one batch's DELETE.
 	DefaultStatementTimeout = 10 * time.Second
 	// DefaultBatchPause is the longest pause between two batches (the pause
@@ -129,8 +135,8 @@ type Config struct {
 	// Defaults to false.
 	AllowShortRetention bool
 
-	// BatchSize is the most rows one DELETE removes. Defaults to
-	// DefaultBatchSize.
+	// BatchSize is the most rows one DELETE removes, from MinBatchSize to
+	// MaxBatchSize. Defaults to DefaultBatchSize.
 	BatchSize int
 
 	// StatementTimeout bounds each DELETE; after a timeout the batch is
@@ -229,6 +235,9 @@ func (c Config) validate(store maintenance.Store) error {
 	}
 	if c.BatchSize < MinBatchSize {
 		return fmt.Errorf("BatchSize %d is below MinBatchSize (%d)", c.BatchSize, MinBatchSize)
+	}
+	if c.BatchSize > MaxBatchSize {
+		return fmt.Errorf("BatchSize %d is above MaxBatchSize (%d): one DELETE that large holds its locks, and the claims waiting behind them, for as long as it runs", c.BatchSize, MaxBatchSize)
 	}
 	for name, d := range map[string]time.Duration{"StatementTimeout": c.StatementTimeout, "BatchPause": c.BatchPause, "Interval": c.Interval, "LockTimeout": c.LockTimeout} {
 		if d < 0 {

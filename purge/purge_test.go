@@ -214,6 +214,8 @@ func TestConfig(t *testing.T) {
 		{"zero override", store, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"mailer": 0}, AllowShortRetention: true}, `ConsumerRetention["mailer"] must be positive`},
 		{"empty consumer", store, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"": 20 * day}}, "empty consumer name"},
 		{"tiny batch", store, purge.Config{Retention: 14 * day, BatchSize: 10}, "BatchSize 10 is below MinBatchSize"},
+		{"huge batch", store, purge.Config{Retention: 14 * day, BatchSize: purge.MaxBatchSize + 1}, "BatchSize 50001 is above MaxBatchSize (50000)"},
+		{"largest batch", store, purge.Config{Retention: 14 * day, BatchSize: purge.MaxBatchSize}, ""},
 		{"negative timeout", store, purge.Config{Retention: 14 * day, StatementTimeout: -time.Second}, "StatementTimeout is negative"},
 		{"overrides on partitions", partitioned, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"mailer": 30 * day}}, "not available on a partitioned table"},
 		{"ok", store, purge.Config{Retention: 14 * day}, ""},

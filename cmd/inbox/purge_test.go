@@ -261,3 +261,33 @@ func TestPurgeRefusesForeignTimes(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{"billing": 2}, f.rows(t))
 }
+
+// Flags mean what they say: zero, which purge.Config would read as its
+// default (-min-retention 0s used to mean 24 h, -batch 0 5,000 rows), and
+// a batch above purge.MaxBatchSize (-batch 9999999999 was one unbounded
+// DELETE on MariaDB) exit 2, saying why, and delete nothing.
+func TestPurgeFlagValues(t *testing.T) {
+	t.Parallel()
+	f := purgeFixture(t, mariadb)
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"-min-retention", "0s"}, "-min-retention 0s: a floor of zero would let any retention through; to purge below the floor, give -allow-short-retention"},
+		{[]string{"-min-retention", "0d"}, "-min-retention 0s: a floor of zero"},
+		{[]string{"-batch", "0"}, "-batch 0: a batch of no rows purges nothing; give 100 to 50000 (default 5000)"},
+		{[]string{"-batch", "99"}, "BatchSize 99 is below MinBatchSize (100)"},
+		{[]string{"-batch", "9999999999"}, "BatchSize 9999999999 is above MaxBatchSize (50000)"},
+		{[]string{"-statement-timeout", "0s"}, "-statement-timeout 0s: a DELETE needs a time limit"},
+		{[]string{"-interval", "0s", "-loop"}, "-interval 0s: rounds back to back would never pause"},
+		{[]string{"-partitions-ahead", "0"}, "-partitions-ahead 0: a round keeps at least the next partition ready"},
+	} {
+		code, _, errOut := f.run(t, "purge", append([]string{"-retention", "2d"}, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errOut)
+		require.Contains(t, errOut, tc.err, "%v", tc.args)
+	}
+	require.Equal(t, map[string]int{"billing": 42, "mailer": 5}, f.rows(t))
+	code, out, errOut := f.run(t, "purge", "-retention", "2d", "-batch", "50000", "-min-retention", "1h")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "removed 45 rows")
+}
