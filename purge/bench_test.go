@@ -3,6 +3,7 @@ package purge_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
@@ -18,16 +20,17 @@ import (
 )
 
 // benchRows is the number of expired rows each benchmark purges.
-const benchRows = 1_000_000
+var benchRows = flag.Int("purge-rows", 1_000_000, "expired rows BenchmarkPurge seeds and purges")
 
 // BenchmarkPurge purges a million expired rows from a plain table of each
 // dialect in batches while four workers keep claiming new events, and
-// reports the purge's throughput and the claims' p99 latency with and
-// without the purge running. It seeds a million rows per iteration, so run
-// it once:
+// reports the purge's throughput and the claims' p99 and longest latency
+// with and without the purge running. It seeds a million rows per
+// iteration (-purge-rows), so run it once, and repeat with -count:
 //
 //	go test ./purge/ -run '^$' -bench 'BenchmarkPurge$' -benchtime 1x        # every dialect
 //	go test ./purge/ -run '^$' -bench 'BenchmarkPurge$/MySQL' -benchtime 1x  # one
+//	go test ./purge/ -run '^$' -bench 'BenchmarkPurge$/SQLite' -benchtime 1x -count 3 -args -purge-rows 500000
 func BenchmarkPurge(b *testing.B) {
 	for _, tg := range targets() {
 		b.Run(tg.name, func(b *testing.B) {
@@ -40,7 +43,7 @@ func BenchmarkPurge(b *testing.B) {
 
 func benchmarkPurge(b *testing.B, tg target) {
 	bb := setup(b, tg)
-	bb.seed(b, "billing", "old-", benchRows, 30*day)
+	bb.seed(b, "billing", "old-", *benchRows, 30*day)
 	analyze := map[sqlinbox.Dialect]string{ // as a long-lived table's statistics would be
 		sqlinbox.PostgreSQL: "VACUUM ANALYZE ", sqlinbox.MySQL: "ANALYZE TABLE ", sqlinbox.SQLite: "ANALYZE ",
 	}[tg.dialect]
@@ -49,7 +52,8 @@ func benchmarkPurge(b *testing.B, tg target) {
 
 	idle, idleBusy := claimLatencies(b, bb, "idle", nil)
 
-	p, err := purge.New(bb.store, purge.Config{Retention: 7 * day})
+	logs := watermill.NewCaptureLogger()
+	p, err := purge.New(bb.store, purge.Config{Retention: 7 * day, Logger: logs})
 	require.NoError(b, err)
 	var (
 		deleted int64
@@ -61,16 +65,24 @@ func benchmarkPurge(b *testing.B, tg target) {
 		took = time.Since(start)
 	})
 	require.NoError(b, err)
-	require.EqualValues(b, benchRows, deleted)
+	require.EqualValues(b, *benchRows, deleted)
 
+	var round watermill.LogFields
+	for _, l := range logs.Captured()[watermill.InfoLogLevel] {
+		if l.Msg == "Inbox purge round done" {
+			round = l.Fields
+		}
+	}
 	b.ReportMetric(float64(deleted)/took.Seconds(), "purged_rows/s")
 	b.ReportMetric(ms(p99(idle)), "claim_p99_idle_ms")
 	b.ReportMetric(ms(p99(during)), "claim_p99_purging_ms")
 	b.ReportMetric(ms(p99(during))/ms(p99(idle)), "p99_ratio")
+	b.ReportMetric(ms(idle[len(idle)-1]), "claim_max_idle_ms")
+	b.ReportMetric(ms(during[len(during)-1]), "claim_max_purging_ms")
 	b.ReportMetric(float64(duringBusy), "claims_busy_purging")
-	b.Logf("purged %d rows in %s; claims idle: %d (%d busy), p50 %.2fms p99 %.2fms; during the purge: %d (%d busy), p50 %.2fms p99 %.2fms",
-		deleted, took.Round(time.Millisecond), len(idle), idleBusy, ms(p50(idle)), ms(p99(idle)),
-		len(during), duringBusy, ms(p50(during)), ms(p99(during)))
+	b.Logf("purged %d rows in %s (%v batches, %v timed out); claims idle: %d (%d busy), p50 %.2fms p99 %.2fms max %.1fms; during the purge: %d (%d busy), p50 %.2fms p99 %.2fms max %.1fms",
+		deleted, took.Round(time.Millisecond), round["batches"], round["timeouts"], len(idle), idleBusy, ms(p50(idle)), ms(p99(idle)), ms(idle[len(idle)-1]),
+		len(during), duringBusy, ms(p50(during)), ms(p99(during)), ms(during[len(during)-1]))
 }
 
 // BenchmarkDropMonthPartition drops a monthly partition holding a million
@@ -88,7 +100,7 @@ func BenchmarkDropMonthPartition(b *testing.B) {
 			name, bb.table, month.Format(time.DateTime), month.AddDate(0, 1, 0).Format(time.DateTime)))
 		require.NoError(b, err)
 		_, err = bb.db.Exec(fmt.Sprintf(`INSERT INTO %s (consumer, event_id, processed_at)
-SELECT 'billing', 'ev-' || g, $1::timestamptz + (g %% 2500000) * interval '1 second' FROM generate_series(1, $2::int) g`, bb.table), month, benchRows)
+SELECT 'billing', 'ev-' || g, $1::timestamptz + (g %% 2500000) * interval '1 second' FROM generate_series(1, $2::int) g`, bb.table), month, *benchRows)
 		require.NoError(b, err)
 
 		sess, ok, err := bb.store.Maintenance().BeginPurge(context.Background())
@@ -103,7 +115,7 @@ SELECT 'billing', 'ev-' || g, $1::timestamptz + (g %% 2500000) * interval '1 sec
 		require.NoError(b, sess.Close())
 		require.Empty(b, bb.rows(b))
 		b.ReportMetric(ms(took), "drop_ms")
-		b.Logf("dropped %s (%d rows) in %s", name, benchRows, took.Round(time.Microsecond))
+		b.Logf("dropped %s (%d rows) in %s", name, *benchRows, took.Round(time.Microsecond))
 	}
 }
 

@@ -47,6 +47,10 @@ const (
 	// enough that a million rows take a few hundred statements, small enough
 	// that each holds its row locks and WAL for milliseconds.
 	DefaultBatchSize = 5000
+	// DefaultSQLiteBatchSize replaces DefaultBatchSize on SQLite, whose one
+	// write lock every claim waits for while a batch holds it: a batch of
+	// 1,000 rows holds it for a few milliseconds, one of 5,000 for tens.
+	DefaultSQLiteBatchSize = 1000
 	// MinBatchSize is the smallest batch the purge shrinks to after
 	// statement timeouts; a timeout at this size fails the round.
 	MinBatchSize = 100
@@ -136,7 +140,8 @@ type Config struct {
 	AllowShortRetention bool
 
 	// BatchSize is the most rows one DELETE removes, from MinBatchSize to
-	// MaxBatchSize. Defaults to DefaultBatchSize.
+	// MaxBatchSize. Defaults to DefaultBatchSize, DefaultSQLiteBatchSize on
+	// SQLite.
 	BatchSize int
 
 	// StatementTimeout bounds each DELETE; after a timeout the batch is
@@ -185,12 +190,15 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 }
 
-func (c *Config) setDefaults() {
+func (c *Config) setDefaults(store maintenance.Store) {
 	if c.MinRetention == 0 {
 		c.MinRetention = DefaultMinRetention
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
+		if store.Limits().OneWriter {
+			c.BatchSize = DefaultSQLiteBatchSize
+		}
 	}
 	if c.StatementTimeout == 0 {
 		c.StatementTimeout = DefaultStatementTimeout
@@ -291,7 +299,7 @@ func New(store Store, config Config) (*Purger, error) {
 	if m == nil {
 		return nil, errors.New("purge: invalid config: store is nil")
 	}
-	config.setDefaults()
+	config.setDefaults(m)
 	if err := config.validate(m); err != nil {
 		return nil, fmt.Errorf("purge: invalid config: %w", err)
 	}

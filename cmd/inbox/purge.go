@@ -30,7 +30,7 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	var (
 		minRetention = durationFlag{d: purge.DefaultMinRetention}
 		allowShort   = fs.Bool("allow-short-retention", false, "accept a retention below -min-retention")
-		batch        = fs.Int("batch", purge.DefaultBatchSize, fmt.Sprintf("most rows one DELETE removes, %d to %d", purge.MinBatchSize, purge.MaxBatchSize))
+		batch        = fs.Int("batch", 0, fmt.Sprintf("most rows one DELETE removes, %d to %d (default %d, on SQLite %d)", purge.MinBatchSize, purge.MaxBatchSize, purge.DefaultBatchSize, purge.DefaultSQLiteBatchSize))
 		timeout      = fs.Duration("statement-timeout", purge.DefaultStatementTimeout, "time limit of one DELETE; a timeout halves the batch")
 		ahead        = fs.Int("partitions-ahead", purge.DefaultPartitionsAhead, "future partitions to keep ready (partitioned tables)")
 		loop         = fs.Bool("loop", false, "purge every -interval until interrupted, instead of once")
@@ -138,7 +138,7 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 // zeroPurgeFlags say why each flag of inbox purge refuses zero, which
 // purge.Config would read as its default.
 var zeroPurgeFlags = map[string]string{
-	"batch":             fmt.Sprintf("a batch of no rows purges nothing; give %d to %d (default %d)", purge.MinBatchSize, purge.MaxBatchSize, purge.DefaultBatchSize),
+	"batch":             fmt.Sprintf("a batch of no rows purges nothing; give %d to %d (default %d, on SQLite %d)", purge.MinBatchSize, purge.MaxBatchSize, purge.DefaultBatchSize, purge.DefaultSQLiteBatchSize),
 	"min-retention":     "a floor of zero would let any retention through; to purge below the floor, give -allow-short-retention",
 	"statement-timeout": "a DELETE needs a time limit; give a positive duration (default " + purge.DefaultStatementTimeout.String() + ")",
 	"interval":          "rounds back to back would never pause; give a positive duration (default " + purge.DefaultInterval.String() + ")",

@@ -275,7 +275,7 @@ func TestPurgeFlagValues(t *testing.T) {
 	}{
 		{[]string{"-min-retention", "0s"}, "-min-retention 0s: a floor of zero would let any retention through; to purge below the floor, give -allow-short-retention"},
 		{[]string{"-min-retention", "0d"}, "-min-retention 0s: a floor of zero"},
-		{[]string{"-batch", "0"}, "-batch 0: a batch of no rows purges nothing; give 100 to 50000 (default 5000)"},
+		{[]string{"-batch", "0"}, "-batch 0: a batch of no rows purges nothing; give 100 to 50000 (default 5000, on SQLite 1000)"},
 		{[]string{"-batch", "99"}, "BatchSize 99 is below MinBatchSize (100)"},
 		{[]string{"-batch", "9999999999"}, "BatchSize 9999999999 is above MaxBatchSize (50000)"},
 		{[]string{"-statement-timeout", "0s"}, "-statement-timeout 0s: a DELETE needs a time limit"},
