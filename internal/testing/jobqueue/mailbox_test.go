@@ -1,11 +1,12 @@
 package jobqueue_test
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"log"
 	"net"
-	"net/mail"
+	"net/textproto"
 	"sync"
 	"testing"
 
@@ -65,19 +66,20 @@ func (s *mailSession) Logout() error                        { return nil }
 // Data accepts a message with a Message-ID, which is the idempotency key
 // the receiver deduplicates on.
 func (s *mailSession) Data(r io.Reader) error {
-	msg, err := mail.ReadMessage(r)
+	tp := textproto.NewReader(bufio.NewReader(r))
+	header, err := tp.ReadMIMEHeader()
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(io.Discard, msg.Body); err != nil {
+	if _, err := io.Copy(io.Discard, tp.R); err != nil {
 		return err
 	}
-	id := msg.Header.Get("Message-Id")
+	id := header.Get("Message-Id")
 	if id == "" {
-		return errors.New("no Message-ID")
+		return errors.New("a message without a Message-ID")
 	}
 	s.box.mu.Lock()
+	defer s.box.mu.Unlock()
 	s.box.copies[id] = append(s.box.copies[id], s.sender)
-	s.box.mu.Unlock()
 	return nil
 }

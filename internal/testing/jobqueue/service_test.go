@@ -1,6 +1,7 @@
 package jobqueue_test
 
 import (
+	"bytes"
 	"context"
 	stdsql "database/sql"
 	"encoding/json"
@@ -8,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/smtp"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/emersion/go-smtp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
@@ -44,7 +45,7 @@ import (
 // completes: the worker does not give the send its context.
 const (
 	jobTimeout  = 3 * time.Second
-	rescueAfter = 3 * time.Second
+	rescueAfter = 5 * time.Second
 )
 
 // sendInvoiceEmail is the River job that the invoicing handler inserts in
@@ -281,39 +282,21 @@ func (w *emailWorker) Work(ctx context.Context, job *river.Job[sendInvoiceEmail]
 	return nil
 }
 
-// sendMail sends msg and returns nil once the server accepted it (its 250
-// after DATA). What fails after the acceptance (QUIT) is not an error: a
-// retry would send the email again.
+// sendMail sends msg with go-smtp's client and returns nil once the server
+// accepted it (its 250 after DATA). What fails after the acceptance (QUIT)
+// is not an error: a retry would send the email again.
 func sendMail(addr, helo, from, to string, msg []byte) error {
 	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		return err
 	}
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	host, _, _ := net.SplitHostPort(addr)
-	c, err := smtp.NewClient(conn, host)
-	if err != nil {
-		_ = conn.Close()
-		return err
-	}
+	c := smtp.NewClient(conn)
+	c.CommandTimeout, c.SubmissionTimeout = 30*time.Second, 30*time.Second
 	defer c.Close()
 	if err := c.Hello(helo); err != nil {
 		return err
 	}
-	if err := c.Mail(from); err != nil {
-		return err
-	}
-	if err := c.Rcpt(to); err != nil {
-		return err
-	}
-	w, err := c.Data()
-	if err != nil {
-		return err
-	}
-	if _, err := w.Write(msg); err != nil {
-		return err
-	}
-	if err := w.Close(); err != nil { // reads the server's answer to DATA
+	if err := c.SendMail(from, []string{to}, bytes.NewReader(msg)); err != nil {
 		return err
 	}
 	_ = c.Quit()
