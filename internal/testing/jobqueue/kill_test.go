@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"path"
 	"regexp"
 	"slices"
 	"sort"
@@ -138,10 +139,10 @@ func invoiceEmailsSurviveKills[TTx any](t *testing.T, open func(testing.TB, name
 		causes = append(causes, fmt.Sprintf("%s %d", s, n))
 	}
 	sort.Strings(causes)
-	t.Logf("orders %d (each published twice), invoices %d, email jobs %d, emails %d accepted for %d orders, duplicate emails %d "+
+	t.Logf("%s: orders %d (each published twice), invoices %d, email jobs %d, emails %d accepted for %d orders, duplicate emails %d "+
 		"(each first accepted from a process killed before River recorded its job complete: %s); "+
 		"the last process: %d deliveries, %d duplicates skipped",
-		len(f.events), len(f.events), len(f.events), accepted, len(mail), duplicates, strings.Join(causes, ", "),
+		path.Base(t.Name()), len(f.events), len(f.events), len(f.events), accepted, len(mail), duplicates, strings.Join(causes, ", "),
 		last.Delivered.Load(), last.Skipped.Load())
 }
 
