@@ -386,7 +386,7 @@ func report(ctx context.Context, d db, mail *mailServer, stats *deliveryStats, k
 		}
 	}
 	row := func(label string, f func(column) int, note string) {
-		fmt.Printf("  %-32s %10d %10d   %s\n", label, f(cols[0]), f(cols[1]), note)
+		fmt.Println(strings.TrimRight(fmt.Sprintf("  %-32s %10d %10d   %s", label, f(cols[0]), f(cols[1]), note), " "))
 	}
 	row("deliveries", func(c column) int { return c.delivered }, "")
 	row("duplicates skipped by the inbox", func(c column) int { return c.skipped }, "")
