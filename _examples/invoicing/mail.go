@@ -104,10 +104,10 @@ type mailServer struct {
 func startMailServer(greylistEvery int) (*mailServer, func(), error) {
 	m := &mailServer{greylistEvery: greylistEvery, pairs: map[string]bool{}, greylisted: map[string]int{}, copies: map[string][]string{}}
 	server := gosmtp.NewServer(gosmtp.BackendFunc(func(c *gosmtp.Conn) (gosmtp.Session, error) {
-		return &mailSession{server: m, helo: c.Hostname()}, nil
+		return &smtpConn{server: m, helo: c.Hostname()}, nil
 	}))
 	server.Domain = "mx.shop.example"
-	server.ErrorLog = log.New(io.Discard, "", 0) // a sender killed mid-session resets its connection
+	server.ErrorLog = log.New(io.Discard, "", 0) // a sender killed mid-transfer resets its connection
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, err
@@ -135,18 +135,18 @@ func (m *mailServer) greylistedFrom(from string) int {
 	return m.greylisted[from]
 }
 
-type mailSession struct {
+type smtpConn struct {
 	server *mailServer
 	helo   string
 	from   string
 }
 
-func (s *mailSession) Mail(from string, _ *gosmtp.MailOptions) error {
+func (s *smtpConn) Mail(from string, _ *gosmtp.MailOptions) error {
 	s.from = from
 	return nil
 }
 
-func (s *mailSession) Rcpt(to string, _ *gosmtp.RcptOptions) error {
+func (s *smtpConn) Rcpt(to string, _ *gosmtp.RcptOptions) error {
 	m := s.server
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -162,7 +162,7 @@ func (s *mailSession) Rcpt(to string, _ *gosmtp.RcptOptions) error {
 	return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1}, Message: "Greylisted, try again later"}
 }
 
-func (s *mailSession) Data(r io.Reader) error {
+func (s *smtpConn) Data(r io.Reader) error {
 	msg, err := mail.ReadMessage(r)
 	if err != nil {
 		return err
@@ -180,5 +180,5 @@ func (s *mailSession) Data(r io.Reader) error {
 	return nil
 }
 
-func (s *mailSession) Reset()        { s.from = "" }
-func (s *mailSession) Logout() error { return nil }
+func (s *smtpConn) Reset()        { s.from = "" }
+func (s *smtpConn) Logout() error { return nil }

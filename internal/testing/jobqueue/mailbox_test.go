@@ -29,7 +29,7 @@ func newMailbox(t testing.TB) *mailbox {
 	t.Helper()
 	m := &mailbox{copies: map[string][]string{}}
 	server := smtp.NewServer(smtp.BackendFunc(func(c *smtp.Conn) (smtp.Session, error) {
-		return &mailSession{box: m, sender: c.Hostname()}, nil
+		return &smtpConn{box: m, sender: c.Hostname()}, nil
 	}))
 	server.Domain = "mail.test"
 	// A sender killed mid-session resets its connection: not news here.
@@ -53,19 +53,19 @@ func (m *mailbox) received() map[string][]string {
 	return out
 }
 
-type mailSession struct {
+type smtpConn struct {
 	box    *mailbox
 	sender string
 }
 
-func (s *mailSession) Mail(string, *smtp.MailOptions) error { return nil }
-func (s *mailSession) Rcpt(string, *smtp.RcptOptions) error { return nil }
-func (s *mailSession) Reset()                               {}
-func (s *mailSession) Logout() error                        { return nil }
+func (s *smtpConn) Mail(string, *smtp.MailOptions) error { return nil }
+func (s *smtpConn) Rcpt(string, *smtp.RcptOptions) error { return nil }
+func (s *smtpConn) Reset()                               {}
+func (s *smtpConn) Logout() error                        { return nil }
 
 // Data accepts a message with a Message-ID, which is the idempotency key
 // the receiver deduplicates on.
-func (s *mailSession) Data(r io.Reader) error {
+func (s *smtpConn) Data(r io.Reader) error {
 	tp := textproto.NewReader(bufio.NewReader(r))
 	header, err := tp.ReadMIMEHeader()
 	if err != nil {
