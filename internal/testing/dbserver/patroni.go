@@ -50,11 +50,11 @@ const superuserPassword = "inbox-test"
 // Cluster is a three-node PostgreSQL cluster under Patroni, with one etcd
 // member as its configuration store, every process on loopback ports.
 type Cluster struct {
-	Nodes  []*Node
-	config ClusterConfig
-	dir    string
-	owner  owner
-	etcd   *process
+	Nodes   []*Node
+	config  ClusterConfig
+	dir     string
+	owner   owner
+	etcd    *process
 	relay   *toxiproxy.ApiServer
 	proxies []*toxiproxy.Proxy
 }

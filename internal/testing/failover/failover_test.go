@@ -112,7 +112,6 @@ func runFailover(t *testing.T, sync bool) failover {
 	return r
 }
 
-
 // replicationLag returns, for each replica of the primary at dsn, the bytes
 // of WAL it has not flushed yet.
 func replicationLag(t *testing.T, dsn string) []int64 {

@@ -21,7 +21,8 @@ import (
 // Stream is a topic of an in-process Kafka broker and the consumer group
 // that reads it.
 type Stream struct {
-	Broker     *kfake.Cluster
+	Broker     *kfake.Cluster // nil in a child process, which reaches it at Addrs
+	Addrs      []string
 	Topic      string
 	Group      string
 	Partitions int
@@ -36,7 +37,7 @@ func New(t testing.TB, partitions int) *Stream {
 	b, err := kafkatest.NewCluster()
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
-	s := &Stream{Broker: b, Topic: testdb.Name("stream"), Group: testdb.Name("group"), Partitions: partitions}
+	s := &Stream{Broker: b, Addrs: b.ListenAddrs(), Topic: testdb.Name("stream"), Group: testdb.Name("group"), Partitions: partitions}
 	require.NoError(t, b.CreateTopic(s.Topic, int32(partitions), nil))
 	return s
 }
@@ -44,12 +45,12 @@ func New(t testing.TB, partitions int) *Stream {
 // EventID is the id of the i-th event of a stream.
 func EventID(i int) string { return fmt.Sprintf("e%d", i) }
 
-// Publish publishes events events, ids EventID(0..events-1), and copies of
-// recent ones among them (a relay republishing after a crash), deliveries
+// Publish publishes events events, ids EventID(first..first+events-1), and
+// copies of recent ones among them (a relay republishing after a crash), deliveries
 // records in all. Each copy has a new message UUID and the event's
 // event_id, as a relay retry builds it; records go round-robin, so copies
 // usually land on another partition than the original and race it.
-func Publish(ctx context.Context, addrs []string, topic string, events, deliveries int) error {
+func Publish(ctx context.Context, addrs []string, topic string, first, events, deliveries int) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic(topic),
 		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {
@@ -60,7 +61,7 @@ func Publish(ctx context.Context, addrs []string, topic string, events, deliveri
 	produce := func(event int) {
 		rec := &kgo.Record{Value: []byte(`{}`), Headers: []kgo.RecordHeader{
 			{Key: kafka.UUIDHeaderKey, Value: []byte(watermill.NewUUID())},
-			{Key: "event_id", Value: []byte(EventID(event))},
+			{Key: "event_id", Value: []byte(EventID(first + event))},
 		}}
 		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 			if err != nil {
@@ -85,11 +86,11 @@ func Publish(ctx context.Context, addrs []string, topic string, events, deliveri
 	return nil
 }
 
-// Publish publishes events events with copies, deliveries records in all
-// (see the function Publish).
+// Publish publishes events more events with copies, deliveries records in
+// all (see the function Publish).
 func (s *Stream) Publish(t testing.TB, events, deliveries int) {
 	t.Helper()
-	require.NoError(t, Publish(context.Background(), s.Broker.ListenAddrs(), s.Topic, events, deliveries))
+	require.NoError(t, Publish(context.Background(), s.Addrs, s.Topic, s.Events, events, deliveries))
 	s.Events, s.Deliveries = s.Events+events, s.Deliveries+deliveries
 }
 

@@ -39,14 +39,27 @@ func Retry(c *Counts) middleware.Retry {
 	}
 }
 
+// JoinOption changes a router Join starts.
+type JoinOption func(*joinConfig)
+
+type joinConfig struct{ retry bool }
+
+// WithoutRetry leaves the Retry middleware out: a failed message is nacked
+// at once, and the subscriber redelivers it after NackResendSleep.
+func WithoutRetry() JoinOption { return func(c *joinConfig) { c.retry = false } }
+
 // Join starts a router that consumes the stream in its group, behind the
 // Retry middleware and the inbox on tg, and writes one effect per handled
 // message. It stops when the returned function is called or the test ends.
-func (s *Stream) Join(t testing.TB, tg *Target, c *Counts) (stop func()) {
+func (s *Stream) Join(t testing.TB, tg *Target, c *Counts, opts ...JoinOption) (stop func()) {
 	t.Helper()
+	jc := joinConfig{retry: true}
+	for _, o := range opts {
+		o(&jc)
+	}
 	logger := c.Logger()
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers:               s.Broker.ListenAddrs(),
+		Brokers:               s.Addrs,
 		Unmarshaler:           kafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: kafkatest.SubscriberConfig(kafkatest.SessionTimeout),
 		ConsumerGroup:         s.Group,
@@ -68,10 +81,14 @@ func (s *Stream) Join(t testing.TB, tg *Target, c *Counts) (stop func()) {
 			return out, err
 		}
 	}
+	mws := []message.HandlerMiddleware{count, Retry(c).Middleware, mw}
+	if !jc.retry {
+		mws = []message.HandlerMiddleware{count, mw}
+	}
 	router.AddConsumerHandler(Consumer, s.Topic, sub, func(msg *message.Message) error {
 		id, _, _ := inbox.EventIDFromContext(msg.Context())
 		return tg.WriteEffect(msg.Context(), id)
-	}).AddMiddleware(count, Retry(c).Middleware, mw)
+	}).AddMiddleware(mws...)
 
 	done := make(chan error, 1)
 	go func() { done <- router.Run(context.Background()) }()
