@@ -54,13 +54,14 @@ func NewTables() Tables {
 // the store on tables. The pools are closed when the test ends.
 func Open(t testing.TB, driver, dsn string, tables Tables, maxConns int) *Target {
 	t.Helper()
-	tg, err := open(context.Background(), driver, dsn, tables, maxConns)
+	tg, err := Connect(context.Background(), driver, dsn, tables, maxConns)
 	require.NoError(t, err)
 	t.Cleanup(tg.Close)
 	return tg
 }
 
-func open(ctx context.Context, driver, dsn string, tables Tables, maxConns int) (*Target, error) {
+// Connect is Open for programs: the caller closes the target.
+func Connect(ctx context.Context, driver, dsn string, tables Tables, maxConns int) (*Target, error) {
 	tg := &Target{Driver: driver, DSN: dsn, Inbox: tables.Inbox, Effects: tables.Effects}
 	config := sqlinbox.Config{Table: tables.Inbox}
 	sqlDriver := map[string]string{"lib-pq": "postgres", "pgx-stdlib": "pgx", "pgx": "pgx", "mysql": "mysql", "sqlite": "sqlite"}[driver]
@@ -120,11 +121,20 @@ func (tg *Target) Close() {
 	}
 }
 
+// Dialect is the target's database.
+func (tg *Target) Dialect() sqlinbox.Dialect { return tg.dialect }
+
 // CreateTables creates the inbox table and the effect table.
 func (tg *Target) CreateTables(t testing.TB) {
 	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, tg.schema(ctx))
+	require.NoError(t, tg.Create(context.Background()))
+}
+
+// Create is CreateTables for programs.
+func (tg *Target) Create(ctx context.Context) error {
+	if err := tg.schema(ctx); err != nil {
+		return err
+	}
 	ddl := `CREATE TABLE %s (id bigserial PRIMARY KEY, event_id text NOT NULL)`
 	switch tg.dialect {
 	case sqlinbox.MySQL:
@@ -133,7 +143,19 @@ func (tg *Target) CreateTables(t testing.TB) {
 		ddl = `CREATE TABLE %s (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL)`
 	}
 	_, err := tg.DB.ExecContext(ctx, fmt.Sprintf(ddl, tg.Effects))
-	require.NoError(t, err)
+	return err
+}
+
+// Drop drops the target's tables.
+func (tg *Target) Drop(ctx context.Context) error {
+	_, err := tg.DB.ExecContext(ctx, `DROP TABLE IF EXISTS `+tg.Effects+`, `+tg.Inbox)
+	if err != nil && tg.dialect == sqlinbox.SQLite { // one table per statement
+		_, err = tg.DB.ExecContext(ctx, `DROP TABLE IF EXISTS `+tg.Effects)
+		if err == nil {
+			_, err = tg.DB.ExecContext(ctx, `DROP TABLE IF EXISTS `+tg.Inbox)
+		}
+	}
+	return err
 }
 
 // WriteEffect writes the effect of event id in the inbox transaction of

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -18,22 +19,36 @@ type Verdict struct {
 	Unknown   int // effects of no published event
 }
 
-// Check reads the verdict of a stream of events from tg's tables.
+// Check reads the verdict of a stream of events (ids EventID(0..events-1))
+// from tg's tables.
 func Check(t testing.TB, tg *Target, events int) Verdict {
 	t.Helper()
-	v := Verdict{Events: events}
-	rows, err := tg.DB.Query(`SELECT event_id, count(*) FROM ` + tg.Effects + ` GROUP BY event_id`)
+	v, err := Count(context.Background(), tg, events)
 	require.NoError(t, err)
+	return v
+}
+
+// Count is Check for programs.
+func Count(ctx context.Context, tg *Target, events int) (Verdict, error) {
+	v := Verdict{Events: events}
+	rows, err := tg.DB.QueryContext(ctx, `SELECT event_id, count(*) FROM `+tg.Effects+` GROUP BY event_id`)
+	if err != nil {
+		return v, err
+	}
 	defer rows.Close()
 	counts := map[string]int{}
 	for rows.Next() {
 		var id string
 		var n int
-		require.NoError(t, rows.Scan(&id, &n))
+		if err := rows.Scan(&id, &n); err != nil {
+			return v, err
+		}
 		counts[id] = n
 		v.Effects += n
 	}
-	require.NoError(t, rows.Err())
+	if err := rows.Err(); err != nil {
+		return v, err
+	}
 	for i := range events {
 		switch n := counts[EventID(i)]; {
 		case n == 0:
@@ -44,8 +59,7 @@ func Check(t testing.TB, tg *Target, events int) Verdict {
 		delete(counts, EventID(i))
 	}
 	v.Unknown = len(counts)
-	require.NoError(t, tg.DB.QueryRow(`SELECT count(*) FROM `+tg.Inbox).Scan(&v.InboxRows))
-	return v
+	return v, tg.DB.QueryRowContext(ctx, `SELECT count(*) FROM `+tg.Inbox).Scan(&v.InboxRows)
 }
 
 // RequireExactlyOnce fails unless every event has exactly one effect, and
