@@ -401,3 +401,36 @@ func getJSON(url string, v any) error {
 	}
 	return json.Unmarshal(body.Bytes(), v)
 }
+
+// Configure changes the cluster's dynamic configuration (Patroni's PATCH
+// /config, which every node applies on its next loop), for example
+// {"synchronous_mode": false} or {"postgresql": {"parameters":
+// {"synchronous_commit": "remote_write"}}}, and waits until the primary
+// reports ready: synchronous or not as asked, with its synchronous_commit.
+func (c *Cluster) Configure(t testing.TB, synchronous bool, synchronousCommit string) {
+	t.Helper()
+	leader := c.Leader(t)
+	patch := fmt.Sprintf(`{"synchronous_mode": %t, "postgresql": {"parameters": {"synchronous_commit": %q}}}`, synchronous, synchronousCommit)
+	req, err := http.NewRequest(http.MethodPatch, url(leader.APIPort)+"/config", strings.NewReader(patch))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Less(t, resp.StatusCode, 300, "PATCH /config: %s", resp.Status)
+	c.config.Synchronous = synchronous
+	require.NoError(t, waitUntil(nil, func() error {
+		if err := c.healthy(); err != nil {
+			return err
+		}
+		var st status
+		if err := getJSON(url(leader.APIPort)+"/patroni", &st); err != nil {
+			return err
+		}
+		for _, r := range st.Replication {
+			if !synchronous && r.SyncState != "async" {
+				return fmt.Errorf("replica %s is still %s", r.Name, r.SyncState)
+			}
+		}
+		return nil
+	}))
+}

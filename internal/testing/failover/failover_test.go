@@ -1,6 +1,7 @@
 package failover_test
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -21,9 +22,18 @@ const (
 	failoverPartitions = 6
 )
 
-// replicationDelay is added each way between the servers of the cluster: a
-// 2 ms round trip, as between availability zones.
-const replicationDelay = time.Millisecond
+// replicationDelay is added each way between the servers of the cluster:
+// by default 1 ms, a 2 ms round trip, as between availability zones;
+// INBOX_TEST_REPLICATION_DELAY (a Go duration) changes it.
+func replicationDelay(t testing.TB) time.Duration {
+	v := os.Getenv("INBOX_TEST_REPLICATION_DELAY")
+	if v == "" {
+		return time.Millisecond
+	}
+	d, err := time.ParseDuration(v)
+	require.NoError(t, err, "INBOX_TEST_REPLICATION_DELAY")
+	return d
+}
 
 var postgresDrivers = []string{"lib-pq", "pgx-stdlib", "pgx"}
 
@@ -69,7 +79,7 @@ type failover struct {
 
 func runFailover(t *testing.T, sync bool) failover {
 	t0 := time.Now()
-	cluster := dbserver.StartCluster(t, dbserver.ClusterConfig{Synchronous: sync, ReplicationDelay: replicationDelay})
+	cluster := dbserver.StartCluster(t, dbserver.ClusterConfig{Synchronous: sync, ReplicationDelay: replicationDelay(t)})
 	r := failover{sync: sync, bootstrap: time.Since(t0)}
 
 	tables := stream.NewTables()
