@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
@@ -107,11 +108,12 @@ func (m *MariaDB) ping() error {
 	return db.Ping()
 }
 
-// Kill SIGKILLs mariadbd and waits until it is gone.
-func (m *MariaDB) Kill(t testing.TB) {
+// Kill SIGKILLs mariadbd and waits until it is gone. It returns when it
+// died.
+func (m *MariaDB) Kill(t testing.TB) (killed time.Time) {
 	t.Helper()
 	require.NotNil(t, m.proc, "the server is not running")
-	m.proc.kill()
+	return m.proc.kill()
 }
 
 // Log returns the end of the server's log.

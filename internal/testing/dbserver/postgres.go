@@ -105,10 +105,11 @@ func (p *Postgres) start() error {
 
 // Kill SIGKILLs the postmaster and every backend it forked at once, as when
 // the server's machine or container dies, and waits until they are gone.
-func (p *Postgres) Kill(t testing.TB) {
+// It returns when they died.
+func (p *Postgres) Kill(t testing.TB) (killed time.Time) {
 	t.Helper()
 	require.NotNil(t, p.proc, "the server is not running")
-	p.proc.kill()
+	return p.proc.kill()
 }
 
 // Log returns the end of the server's log.

@@ -146,12 +146,14 @@ func (p *process) exited() bool {
 }
 
 // kill SIGKILLs the process and every process it started (see killTrees)
-// and waits until they are gone.
-func (p *process) kill() {
+// and waits until they are gone. It returns when they died.
+func (p *process) kill() (killed time.Time) {
+	killed = time.Now()
 	if !p.exited() {
-		killTrees(p.cmd.Process.Pid)
+		killed = killTrees(p.cmd.Process.Pid)
 	}
 	<-p.done
+	return killed
 }
 
 // killTrees kills the processes roots and all their descendants at one
