@@ -55,7 +55,7 @@ type Cluster struct {
 	dir     string
 	owner   owner
 	etcd    *process
-	relay   *toxiproxy.ApiServer
+	toxics  *toxiproxy.ApiServer
 	proxies []*toxiproxy.Proxy
 }
 
@@ -68,6 +68,7 @@ type Node struct {
 	relay   int // the port other nodes reach its PostgreSQL on
 	dir     string
 	patroni *process
+	link    *toxiproxy.Proxy // other nodes' way to its PostgreSQL, with ReplicationDelay
 }
 
 // StartCluster starts etcd and three Patroni nodes and returns once the
@@ -125,9 +126,10 @@ func (c *Cluster) start(bin string) error {
 	for i := range 3 {
 		n := &Node{Name: fmt.Sprintf("n%d", i+1), Port: ports[2+i], APIPort: ports[5+i], relay: ports[2+i]}
 		if c.config.ReplicationDelay > 0 {
-			if n.relay, err = c.delay(n.Name, ports[8+i], n.Port); err != nil {
+			if n.link, err = c.delay(n.Name, ports[8+i], n.Port); err != nil {
 				return err
 			}
+			n.relay = ports[8+i]
 		}
 		n.dir = filepath.Join(c.dir, n.Name)
 		if err := mkdirOwned(c.owner, n.dir); err != nil {
@@ -147,22 +149,22 @@ func (c *Cluster) start(bin string) error {
 
 // delay starts a proxy on port to upstream that delays every byte by
 // ReplicationDelay in each direction.
-func (c *Cluster) delay(name string, port, upstream int) (int, error) {
-	if c.relay == nil {
-		c.relay = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+func (c *Cluster) delay(name string, port, upstream int) (*toxiproxy.Proxy, error) {
+	if c.toxics == nil {
+		c.toxics = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 	}
-	p := toxiproxy.NewProxy(c.relay, name, fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.1:%d", upstream))
+	p := toxiproxy.NewProxy(c.toxics, name, fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.1:%d", upstream))
 	if err := p.Start(); err != nil {
-		return 0, err
+		return nil, err
 	}
 	c.proxies = append(c.proxies, p)
 	for _, stream := range []string{"upstream", "downstream"} {
 		toxic := fmt.Sprintf(`{"type":"latency","stream":%q,"attributes":{"latency":%d}}`, stream, c.config.ReplicationDelay.Milliseconds())
 		if _, err := p.Toxics.AddToxicJson(strings.NewReader(toxic)); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
-	return port, nil
+	return p, nil
 }
 
 func url(port int) string { return fmt.Sprintf("http://127.0.0.1:%d", port) }
@@ -348,15 +350,22 @@ func (c *Cluster) NodeDSN(n *Node) string {
 }
 
 // Kill SIGKILLs node n's Patroni and its PostgreSQL (the postmaster and
-// every backend) at one instant, as when the node's machine dies: nothing is
-// left to release the leader key, which expires after the TTL, and a
-// replica is promoted. It returns when they were killed, once they are all
-// gone.
+// every backend) at one instant, as when the node's machine dies, and with
+// ReplicationDelay cuts its links to the other nodes at that instant too:
+// what was still on its way to them is lost, as what a dead machine had not
+// sent yet. Nothing is left to release the leader key, which expires after
+// the TTL, and a replica is promoted. It returns when the node died, once
+// its processes are all gone.
 func (c *Cluster) Kill(t testing.TB, n *Node) (killed time.Time) {
 	t.Helper()
 	pid, err := postmaster(filepath.Join(n.dir, "data"))
 	require.NoError(t, err, "node %s", n.Name)
-	killed = killTrees(n.patroni.cmd.Process.Pid, pid)
+	roots := []int{n.patroni.cmd.Process.Pid, pid}
+	killed = freeze(roots)
+	if n.link != nil {
+		n.link.Stop()
+	}
+	killTrees(roots...)
 	n.patroni.kill()
 	return killed
 }
