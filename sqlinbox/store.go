@@ -108,7 +108,10 @@ var (
 
 // New returns a Store for db. It validates the configuration but does not
 // touch the database; call CreateSchema (or apply SchemaSQL with a migration
-// tool) before the first message.
+// tool) before the first message. A Dialect that does not match db's driver
+// (PostgreSQL on go-sql-driver/mysql) is refused; a driver New cannot
+// recognise (wrapped by a tracing package) passes, and then CreateSchema
+// and the first claim name the mismatch from the database's answer.
 func New(db *sql.DB, config Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlinbox: invalid config: db is nil")
@@ -135,6 +138,9 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	q := config.Dialect.queries(t, config)
 	if q.configErr != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", q.configErr)
+	}
+	if err := checkDriver(db, config.Dialect); err != nil {
+		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
 	return &Store{
 		db:      db,
@@ -181,14 +187,14 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 	if !s.q.schemaInTx {
 		for _, stmt := range s.q.schema {
 			if _, err := s.db.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+				return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 			}
 		}
 		return nil
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
 	stmts := s.q.schema
@@ -197,11 +203,11 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 	}
 	for _, stmt := range stmts {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 	}
 	return nil
 }
@@ -350,12 +356,15 @@ func (s *Store) claimStmt(ctx context.Context) (*sql.Stmt, error) {
 	}
 	if s.q.verify != nil {
 		if err := s.q.verify(ctx, s.db, s.q); err != nil {
+			if mismatch := s.dialectErr(err); mismatch != err {
+				return nil, fmt.Errorf("sqlinbox: %w", mismatch)
+			}
 			return nil, err
 		}
 	}
 	stmt, err := s.db.PrepareContext(ctx, s.q.claim)
 	if err != nil {
-		return nil, fmt.Errorf("sqlinbox: preparing the claim on %s (did CreateSchema run?): %w", s.table, s.dialect.classify(err))
+		return nil, fmt.Errorf("sqlinbox: preparing the claim on %s (did CreateSchema run?): %w", s.table, s.dialectErr(s.dialect.classify(err)))
 	}
 	s.claimSQL.Store(stmt)
 	return stmt, nil
