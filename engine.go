@@ -27,6 +27,9 @@ type engine struct {
 	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
 	txUseMu      sync.RWMutex
 	txUse        map[string]txUse // per consumer, for reportUnusedTx
+
+	wrongAccessorMu sync.Mutex
+	wrongAccessor   map[string]bool // consumers reported by reportWrongAccessor
 }
 
 // middleware wraps h.
@@ -143,7 +146,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	s := &session{tx: tx, consumer: consumer, eventID: eventID, msg: msg}
+	s := &session{e: e, tx: tx, consumer: consumer, eventID: eventID, msg: msg}
 	defer s.end()
 	hctx := context.WithValue(ctx, sessionKey{}, s)
 	if subscriber.found {

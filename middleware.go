@@ -57,7 +57,10 @@ type Config struct {
 	// [TxFromContext] (or pgxinbox.TxFromContext) returns for ctx:
 	//
 	//	func(ctx context.Context) (message.Publisher, error) {
-	//		tx, _ := inbox.TxFromContext(ctx)
+	//		tx, ok := inbox.TxFromContext(ctx)
+	//		if !ok {
+	//			return nil, inbox.ErrNotInInbox
+	//		}
 	//		return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nil)
 	//	}
 	//
