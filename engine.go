@@ -30,6 +30,10 @@ type engine struct {
 
 	wrongAccessorMu sync.Mutex
 	wrongAccessor   map[string]bool // consumers reported by reportWrongAccessor
+
+	registry ConsumerRegistry // the store's, nil when unchecked
+	ownersMu sync.RWMutex
+	owners   map[string]ownership // per consumer, for checkOwner
 }
 
 // middleware wraps h.
@@ -80,6 +84,13 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 	ob.Consumer = consumer
 	if err := e.checkWiring(msg, consumer); err != nil {
 		ob.Outcome = OutcomeMiswired
+		return nil, err
+	}
+	if err := e.checkOwner(ctx, consumer); err != nil {
+		ob.Outcome = OutcomeClaimFailed
+		if errors.Is(err, ErrMiswired) {
+			ob.Outcome = OutcomeMiswired
+		}
 		return nil, err
 	}
 	eventID, err := e.eventID(msg)

@@ -40,6 +40,23 @@ type Config struct {
 	// any other fail with [ErrMiswired].
 	ShareConsumer bool
 
+	// Service names the service the middleware's consumers belong to. The
+	// store's consumer registry (a table CreateSchema creates beside the
+	// inbox) records it for each consumer, once per process, before its
+	// first claim; the messages of a consumer another service registered
+	// are refused with [ErrMiswired] ([OutcomeMiswired], one error line per
+	// consumer), since two services with one consumer name (two handlers
+	// "orders" in billing and in mailing) would share one claim per event,
+	// each event running in only one of them. Replicas of a service share
+	// its name. Set it to keep a service's consumers when its main package
+	// moves, or to the same value in two binaries meant to share their
+	// consumers' events. Printable UTF-8, at most MaxConsumerLength bytes.
+	// Defaults to the main package path of the running binary
+	// (runtime/debug.ReadBuildInfo; a test binary's is the package under
+	// test); a binary built from files (go run main.go) has none, and its
+	// consumers go unchecked, which is logged once.
+	Service string
+
 	// EventID extracts the event id. Defaults to DefaultEventID: the
 	// "event_id" metadata value, else msg.UUID.
 	EventID EventIDFunc
@@ -113,6 +130,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.Service == "" {
+		c.Service = defaultService()
+	}
 	if c.EventID == nil {
 		c.EventID = DefaultEventID
 	}
@@ -128,6 +148,11 @@ func (c Config) validate() error {
 	if c.Consumer != "" {
 		if err := validateConsumer(c.Consumer); err != nil {
 			return fmt.Errorf("Consumer: %w", err)
+		}
+	}
+	if c.Service != "" {
+		if err := validateConsumer(c.Service); err != nil {
+			return fmt.Errorf("Service: %w", err)
 		}
 	}
 	if c.Fingerprint != nil {
@@ -180,6 +205,13 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	e := &engine{config: config}
 	if checker, ok := config.Store.(EventIDChecker); ok {
 		e.checkID = checker.CheckEventID
+	}
+	if registry, ok := config.Store.(ConsumerRegistry); ok {
+		if config.Service != "" {
+			e.registry = registry
+		} else {
+			config.Logger.Info("Inbox: warning: this binary was built from files (go run main.go), so it has no main package path to tell its service from others on the same inbox table, and its consumers are not checked; set inbox.Config.Service", nil)
+		}
 	}
 	return e.middleware, nil
 }

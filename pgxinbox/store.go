@@ -42,6 +42,7 @@ var (
 	_ inbox.Store              = (*Store)(nil)
 	_ inbox.EventIDChecker     = (*Store)(nil)
 	_ inbox.FingerprintChecker = (*Store)(nil)
+	_ inbox.ConsumerRegistry   = (*Store)(nil)
 )
 
 // NewStore returns a Store for pool, configured as a [sqlinbox.Store]:
@@ -77,6 +78,15 @@ func (s *Store) CreateSchema(ctx context.Context) error { return s.sql.CreateSch
 
 // SchemaSQL is [sqlinbox.Store.SchemaSQL].
 func (s *Store) SchemaSQL() string { return s.sql.SchemaSQL() }
+
+// RegistryTable is [sqlinbox.Store.RegistryTable].
+func (s *Store) RegistryTable() string { return s.sql.RegistryTable() }
+
+// RegisterConsumer implements [inbox.ConsumerRegistry] as
+// [sqlinbox.Store.RegisterConsumer] does, on a connection of the pool.
+func (s *Store) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
+	return s.sql.RegisterConsumer(ctx, consumer, service)
+}
 
 // AddFingerprintColumnSQL is [sqlinbox.Store.AddFingerprintColumnSQL].
 func (s *Store) AddFingerprintColumnSQL() string { return s.sql.AddFingerprintColumnSQL() }

@@ -142,6 +142,8 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	if err := checkDriver(db, config.Dialect); err != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
+	q.registry = config.Dialect.registry(t)
+	q.schema = append(q.schema, q.registry.create)
 	return &Store{
 		db:      db,
 		dialect: config.Dialect,
@@ -161,7 +163,9 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 func (s *Store) Table() string { return s.table.String() }
 
 // SchemaSQL returns the DDL CreateSchema runs, as one script, for migration
-// tools. Every statement is idempotent.
+// tools. Every statement is idempotent. It ends with the consumer registry
+// (RegistryTable), which a table created by an earlier release lacks: apply
+// the script again, or that one CREATE TABLE.
 //
 // CreateSchema leaves an existing table as it is: to turn Config.Fingerprints
 // on for a table made without it, run AddFingerprintColumnSQL once.
@@ -181,8 +185,10 @@ func (s *Store) SchemaSQL() string {
 // Only PostgreSQL's form may run twice.
 func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
 
-// CreateSchema creates the inbox table and its index if they do not exist. It
-// is safe to call on every start, from several instances at once.
+// CreateSchema creates the inbox table, its index and the consumer registry
+// (RegistryTable) if they do not exist. It is safe to call on every start,
+// from several instances at once, and adds the registry beside a table an
+// earlier release created.
 func (s *Store) CreateSchema(ctx context.Context) error {
 	if !s.q.schemaInTx {
 		for _, stmt := range s.q.schema {
