@@ -97,7 +97,7 @@ func (e *engine) register(ctx context.Context, consumer string) (ownership, erro
 		return o, fmt.Errorf("inbox: registering consumer %q for service %q: %w", consumer, e.config.Service, err)
 	case by != e.config.Service:
 		o = ownership{owner: ownedElsewhere, by: by}
-		e.config.Logger.Error("Inbox: "+e.foreignConsumer(consumer, by).Error()+". Logged once per consumer; every message of it is refused", ErrMiswired, watermill.LogFields{
+		e.config.Logger.Error("Inbox: "+e.foreignDetail(consumer, by)+". Every message of the consumer is refused with inbox.ErrMiswired; logged once per consumer", ErrMiswired, watermill.LogFields{
 			"consumer": consumer, "service": e.config.Service, "owner": by,
 		})
 	}
@@ -111,5 +111,9 @@ func (e *engine) register(ctx context.Context, consumer string) (ownership, erro
 }
 
 func (e *engine) foreignConsumer(consumer, owner string) error {
-	return fmt.Errorf("%w: consumer %q of this inbox table belongs to service %q, and this is service %q: two services with one consumer name share one claim per event, so each event would run in only one of them. Give this service's consumers names of their own (prefix the handler name with the service, or set inbox.Config.Consumer), or, if both binaries are one service (renamed, or split), give both the same inbox.Config.Service", ErrMiswired, consumer, owner, e.config.Service)
+	return fmt.Errorf("%w: %s", ErrMiswired, e.foreignDetail(consumer, owner))
+}
+
+func (e *engine) foreignDetail(consumer, owner string) string {
+	return fmt.Sprintf("consumer %q of this inbox table belongs to service %q, and this is service %q: two services with one consumer name share one claim per event, so each event would run in only one of them. Give this service's consumers names of their own (prefix the handler name with the service, or set inbox.Config.Consumer), or, if both binaries are one service (renamed, or split), give both the same inbox.Config.Service", consumer, owner, e.config.Service)
 }
