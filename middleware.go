@@ -206,6 +206,9 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	if checker, ok := config.Store.(EventIDChecker); ok {
 		e.checkID = checker.CheckEventID
 	}
+	if pool, ok := config.Store.(ClaimPool); ok {
+		e.pool = pool
+	}
 	if registry, ok := config.Store.(ConsumerRegistry); ok {
 		if config.Service != "" {
 			e.registry = registry

@@ -104,6 +104,7 @@ var (
 	_ inbox.Store              = (*Store)(nil)
 	_ inbox.EventIDChecker     = (*Store)(nil)
 	_ inbox.FingerprintChecker = (*Store)(nil)
+	_ inbox.ClaimPool          = (*Store)(nil)
 )
 
 // New returns a Store for db. It validates the configuration but does not
@@ -151,6 +152,14 @@ func New(db *sql.DB, config Config) (*Store, error) {
 		config:  config,
 		q:       q,
 	}, nil
+}
+
+// ClaimPool implements [inbox.ClaimPool]: db, its SetMaxOpenConns limit
+// and its count of callers that waited for a connection, so that the
+// middleware leaves one connection free and watches a pool of one.
+func (s *Store) ClaimPool() (pool any, maxConns int, waits int64) {
+	st := s.db.Stats()
+	return s.db, st.MaxOpenConnections, st.WaitCount
 }
 
 // DB returns the database the store writes to.
