@@ -151,7 +151,7 @@ func (c Config) validate() error {
 		}
 	}
 	if c.Service != "" {
-		if err := validateConsumer(c.Service); err != nil {
+		if err := validateName("service name", c.Service); err != nil {
 			return fmt.Errorf("Service: %w", err)
 		}
 	}
@@ -224,15 +224,21 @@ func validateConsumer(name string) error {
 	if name == "" {
 		return ErrNoConsumer
 	}
+	return validateName("consumer name", name)
+}
+
+// validateName checks a consumer or service name: printable UTF-8, at most
+// MaxConsumerLength bytes.
+func validateName(what, name string) error {
 	if len(name) > MaxConsumerLength {
-		return fmt.Errorf("consumer name is %d bytes, at most %d allowed: %s", len(name), MaxConsumerLength, errtext.Quote(name))
+		return fmt.Errorf("%s is %d bytes, at most %d allowed: %s", what, len(name), MaxConsumerLength, errtext.Quote(name))
 	}
 	if !utf8.ValidString(name) {
-		return fmt.Errorf("consumer name is not valid UTF-8: %s", errtext.Quote(name))
+		return fmt.Errorf("%s is not valid UTF-8: %s", what, errtext.Quote(name))
 	}
 	for _, r := range name {
 		if !unicode.IsPrint(r) {
-			return fmt.Errorf("consumer name contains a non-printable character %U: %s", r, errtext.Quote(name))
+			return fmt.Errorf("%s contains a non-printable character %U: %s", what, r, errtext.Quote(name))
 		}
 	}
 	return nil

@@ -41,7 +41,7 @@ const unknownService = "command-line-arguments"
 // it has none that tells it from other binaries.
 func defaultService() string {
 	info, ok := debug.ReadBuildInfo()
-	if !ok || info.Path == unknownService || validateConsumer(info.Path) != nil {
+	if !ok || info.Path == unknownService || validateName("service name", info.Path) != nil {
 		return ""
 	}
 	return info.Path
