@@ -233,7 +233,7 @@ func (s *soak) teardown() {
 	}
 	if s.db != nil {
 		if !s.o.keep {
-			_, _ = s.db.Exec(`DROP TABLE IF EXISTS ` + s.effects + `, ` + s.inbox)
+			_, _ = s.db.Exec(`DROP TABLE IF EXISTS ` + s.effects + `, ` + s.inbox + `, ` + s.inbox + `_consumers`)
 		}
 		_ = s.db.Close()
 	}
