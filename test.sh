@@ -360,6 +360,11 @@ if [ $# -eq 0 ]; then
 	in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
 	# Watermill's exactly-once-delivery-counter behind the inbox; it fails unless the counter equals the events.
 	in_module run ./_examples/exactly-once-counter -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	# Invoice emails through a River job and a sweeper; it fails unless every order has one invoice and an email, and
+	# (with -kill, its senders SIGKILLed after the mail server accepted an email) every duplicate email is explained.
+	in_module run ./_examples/invoicing >/dev/null
+	in_module run ./_examples/invoicing -kill >/dev/null
+	in_module run ./_examples/invoicing -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
 	# The library promises the Go version its go.mod names: its own tests pass
 	# with that toolchain (the module proxy serves it; CI fetches it first).
 	GOTOOLCHAIN=go$(min_go) go test -count=1 ./...

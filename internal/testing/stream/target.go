@@ -146,16 +146,16 @@ func (tg *Target) Create(ctx context.Context) error {
 	return err
 }
 
-// Drop drops the target's tables.
+// Drop drops the target's tables: the effect table, the inbox table and
+// the store's consumer registry beside it.
 func (tg *Target) Drop(ctx context.Context) error {
-	_, err := tg.DB.ExecContext(ctx, `DROP TABLE IF EXISTS `+tg.Effects+`, `+tg.Inbox)
-	if err != nil && tg.dialect == sqlinbox.SQLite { // one table per statement
-		_, err = tg.DB.ExecContext(ctx, `DROP TABLE IF EXISTS `+tg.Effects)
-		if err == nil {
-			_, err = tg.DB.ExecContext(ctx, `DROP TABLE IF EXISTS `+tg.Inbox)
+	var errs []error
+	for _, table := range []string{tg.Effects, tg.Inbox, tg.Inbox + "_consumers"} {
+		if _, err := tg.DB.ExecContext(ctx, `DROP TABLE IF EXISTS `+table); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return err
+	return errors.Join(errs...)
 }
 
 // WriteEffect writes the effect of event id in the inbox transaction of
