@@ -78,6 +78,9 @@ func (s *Store) CreateSchema(ctx context.Context) error { return s.sql.CreateSch
 // SchemaSQL is [sqlinbox.Store.SchemaSQL].
 func (s *Store) SchemaSQL() string { return s.sql.SchemaSQL() }
 
+// SchemaStatements is [sqlinbox.Store.SchemaStatements].
+func (s *Store) SchemaStatements() []string { return s.sql.SchemaStatements() }
+
 // AddFingerprintColumnSQL is [sqlinbox.Store.AddFingerprintColumnSQL].
 func (s *Store) AddFingerprintColumnSQL() string { return s.sql.AddFingerprintColumnSQL() }
 

@@ -64,6 +64,15 @@ func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
 	}
 }
 
+// DownSQL implements maintenance.Store.
+func (m maintainer) DownSQL() (dropTable, dropFingerprint string) {
+	q, err := m.queries()
+	if err != nil {
+		return "", ""
+	}
+	return q.dropTable, q.dropFingerprint
+}
+
 // maintenanceDialect is what a dialect offers the maintenance seam besides
 // the purge: statistics, checks, and forgetting claims.
 type maintenanceDialect interface {
@@ -129,6 +138,10 @@ type maintenanceQueries struct {
 	// wantColumns are the columns the configuration needs, with their
 	// types; fingerprint is wanted only with Config.Fingerprints.
 	wantColumns map[string]string
+
+	// dropTable and dropFingerprint undo the schema and the fingerprint
+	// column, for a migration tool's down step.
+	dropTable, dropFingerprint string
 }
 
 // placeholders renders n placeholders from the first-th on, separated by
