@@ -91,7 +91,8 @@ type maintenanceQueries struct {
 	now string
 	// consumerStats returns, per consumer: the consumer, its rows, the
 	// oldest and newest processed_at, and its rows of the last hour and of
-	// the last day by the database clock.
+	// the last day by the database clock; on a table partitioned by event
+	// time, then the oldest and newest event_time.
 	consumerStats string
 	// sizes returns the bytes of the table (all its partitions) and of its
 	// indexes, NULL when unknown.

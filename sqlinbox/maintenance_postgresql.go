@@ -62,6 +62,11 @@ WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.n`, reg),
 	}
 	if c.PartitionKey == EventIDTime {
 		q.wantColumns["event_time"] = "timestamp with time zone"
+		q.consumerStats = fmt.Sprintf(`SELECT consumer, count(*), %s, %s,
+	count(*) FILTER (WHERE processed_at >= now() - interval '1 hour'),
+	count(*) FILTER (WHERE processed_at >= now() - interval '1 day'),
+	%s, %s
+FROM %s GROUP BY consumer`, pgUTC("min(processed_at)"), pgUTC("max(processed_at)"), pgUTC("min(event_time)"), pgUTC("max(event_time)"), table)
 		// Each id's time routes its placeholder to the partition its
 		// claim would go to, where the key's index entry is the lock.
 		q.forgetProbe = func(n int) string {

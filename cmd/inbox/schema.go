@@ -79,7 +79,8 @@ func applySchema(ctx context.Context, store *sqlinbox.Store, ahead int, stdout i
 	if err != nil {
 		return err
 	}
-	if before.OK() {
+	blocked := len(finding(before, maintenance.AspectPartitions).Blocked) > 0
+	if before.OK() && !blocked {
 		fmt.Fprintf(stdout, "%s already matches the configuration; nothing to do\n", store.Table())
 		return nil
 	}
@@ -122,8 +123,9 @@ func applySchema(ctx context.Context, store *sqlinbox.Store, ahead int, stdout i
 var errMismatch = errors.New("the table does not match the configuration, and applying the schema does not change an existing table: check the flags against the table as created (inbox check says more)")
 
 // createPartitions makes the partitions of now and the next ahead periods,
-// as a purge round would. On a table just created it first lists those
-// CreateSchema made.
+// as a purge round would, and those a round cannot make because the
+// default partition holds rows of their period, moving those rows into
+// them. On a table just created it first lists those CreateSchema made.
 func createPartitions(ctx context.Context, m maintenance.Store, ahead int, fresh bool, stdout io.Writer) error {
 	sess, ok, err := m.BeginPurge(ctx)
 	if err != nil {
@@ -143,11 +145,21 @@ func createPartitions(ctx context.Context, m maintenance.Store, ahead int, fresh
 			fmt.Fprintf(stdout, "created partition %s\n", p.Name)
 		}
 	}
-	created, _, err := sess.CreatePartitions(ctx, ahead, purge.DefaultLockTimeout)
+	created, blocked, err := sess.CreatePartitions(ctx, ahead, purge.DefaultLockTimeout)
 	for _, p := range created {
 		fmt.Fprintf(stdout, "created partition %s\n", p.Name)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	for _, p := range blocked {
+		moved, err := sess.MoveBlocked(ctx, p, purge.DefaultLockTimeout)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "created partition %s, moving its period's %s out of the default partition\n", p.Name, count(int(moved), "row"))
+	}
+	return nil
 }
 
 // finding returns the finding about one aspect, or a zero Finding.
