@@ -359,6 +359,8 @@ if [ $# -eq 0 ]; then
 	done
 	# The README's first command: it must keep working with no server at all.
 	step "example quickstart" quiet in_module run ./_examples/quickstart
+	# The PostgreSQL example, twice at once: each run has tables of its own.
+	step "example postgres" in_module test ./_examples/postgres -race -count=1
 	# The metrics example checks its own /metrics page and fails without the counters.
 	step "example metrics" quiet in_module run ./_examples/metrics -addr 127.0.0.1:0
 	# NATS JetStream embedded in the process, redelivering three ways; it fails unless every order has one invoice.

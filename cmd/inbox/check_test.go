@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ func TestCheckPasses(t *testing.T) {
 			require.Contains(t, out, line)
 		}
 		require.NotContains(t, out, "FAIL")
+		require.True(t, strings.HasSuffix(out, "\nevery check passed, but the purge retention was not checked: give -retention and -broker-retention to check it\n"), out)
 
 		code, out, errOut = runCmd("check", "-dialect", tg.dialect, "-dsn", tg.readOnly(t, f.db, f.table), "-table", f.table)
 		require.Equal(t, exitOK, code, out+errOut)
@@ -38,6 +40,7 @@ func TestCheckRetention(t *testing.T) {
 		code, out, errOut := f.run(t, "check", "-retention", "8d", "-broker-retention", "7d")
 		require.Equal(t, exitOK, code, out+errOut)
 		require.Contains(t, out, "ok    retention: -retention 8d outlives the broker's 7d plus 1d of slack\n")
+		require.True(t, strings.HasSuffix(out, "\nevery check passed\n"), out)
 
 		code, out, errOut = f.run(t, "check", "-retention", "7d", "-broker-retention", "7d")
 		require.Equal(t, exitFailed, code)

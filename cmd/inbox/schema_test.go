@@ -46,9 +46,10 @@ func TestSchemaPrints(t *testing.T) {
 		err  string
 	}{
 		{[]string{"-dialect", "oracle"}, `-dialect "oracle": use postgresql, mysql or sqlite`},
-		{[]string{"-dialect", "mysql", "-partitioning", "daily"}, "Partitioning: daily is only available on PostgreSQL, not mysql"},
+		{[]string{"-dialect", "mysql", "-partitioning", "daily"}, "-partitioning daily needs -dialect postgresql"},
+		{[]string{"-partition-key", "event_time"}, "-partition-key event_time needs -partitioning daily or monthly"},
 		{[]string{"-partitioning", "weekly"}, `-partitioning "weekly"`},
-		{[]string{"-table", "App.Inbox"}, "Table"},
+		{[]string{"-table", "App.Inbox"}, "-table: table name"},
 		{[]string{"-apply"}, "-dsn is required"},
 	} {
 		code, out, errOut := runCmd(append([]string{"schema"}, tc.args...)...)
