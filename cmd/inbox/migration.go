@@ -6,10 +6,10 @@ import (
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
-// migrationUp returns the statements inbox schema prints, without their
+// migrationStatements returns the statements inbox schema prints, without their
 // semicolons, and the one that undoes them: the table's, or with
 // addColumn the fingerprint column's.
-func migrationUp(store *sqlinbox.Store, addColumn bool) (up []string, down string) {
+func migrationStatements(store *sqlinbox.Store, addColumn bool) (up []string, down string) {
 	dropTable, dropColumn := store.Maintenance().DownSQL()
 	if addColumn {
 		return []string{strings.TrimSuffix(store.AddFingerprintColumnSQL(), ";\n")}, dropColumn
@@ -27,7 +27,6 @@ const dropWarning = "-- Dropping the inbox table forgets every claim: a copy of 
 // where goose is told where a statement with semicolons of its own ends,
 // since it splits the rest at semicolons that end a line.
 func migrationScript(format string, up []string, down string, onlyDown bool) (string, error) {
-	var b strings.Builder
 	warn := ""
 	if strings.HasPrefix(down, "DROP TABLE") {
 		warn = dropWarning
@@ -42,6 +41,7 @@ func migrationScript(format string, up []string, down string, onlyDown bool) (st
 		if onlyDown {
 			return "", usage("-down: -format goose prints the Down section in the same file as the Up one")
 		}
+		var b strings.Builder
 		b.WriteString("-- +goose Up\n")
 		for i, stmt := range up {
 			if i > 0 {

@@ -44,7 +44,7 @@ func runSchema(ctx context.Context, fs *flag.FlagSet, args []string, stdout, std
 			return err
 		}
 		defer sqlDB.Close()
-		up, drop := migrationUp(store, *addColumn)
+		up, drop := migrationStatements(store, *addColumn)
 		out, err := migrationScript(*format, up, drop, *down)
 		if err != nil {
 			return err
