@@ -369,6 +369,11 @@ if [ $# -eq 0 ]; then
 	step "example outbox-kafka-inbox" quiet in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN"
 	# Watermill's exactly-once-delivery-counter behind the inbox; it fails unless the counter equals the events.
 	step "example exactly-once-counter" quiet in_module run ./_examples/exactly-once-counter -dsn "$INBOX_TEST_POSTGRES_DSN"
+	# Invoice emails through a River job and a sweeper; it fails unless every order has one invoice and an email, and
+	# (with -kill, its senders SIGKILLed after the mail server accepted an email) every duplicate email is explained.
+	step "example invoicing" quiet in_module run ./_examples/invoicing
+	step "example invoicing -kill" quiet in_module run ./_examples/invoicing -kill
+	step "example invoicing on PostgreSQL" quiet in_module run ./_examples/invoicing -dsn "$INBOX_TEST_POSTGRES_DSN"
 	# The library promises the Go version its go.mod names: its own tests pass
 	# with that toolchain (the module proxy serves it; CI fetches it first).
 	step "go test with go$(min_go)" env GOTOOLCHAIN=go$(min_go) go test -count=1 ./...
