@@ -305,7 +305,7 @@ func TestWrongDialect(t *testing.T) {
 func TestBinaryExitStatus(t *testing.T) {
 	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "inbox")
-	out, err := exec.Command("go", "build", "-race", "-o", bin, ".").CombinedOutput()
+	out, err := exec.Command("go", append(append([]string{"build"}, testdb.BuildFlags...), "-o", bin, ".")...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	for _, tc := range []struct {
 		args []string

@@ -258,9 +258,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// inboxCommand builds the inbox command once per test binary, with the
-// race detector as the tests run (its packages are then already compiled),
-// and returns its path.
+// inboxCommand builds the inbox command once per test binary, as the test
+// binary was built (its packages are then already compiled), and returns
+// its path.
 func inboxCommand(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -269,7 +269,7 @@ func inboxCommand(t *testing.T) string {
 			return
 		}
 		built = filepath.Join(buildDir, "inbox")
-		out, err := exec.Command("go", "build", "-race", "-o", built, "github.com/watermill-inbox/inbox/cmd/inbox").CombinedOutput()
+		out, err := exec.Command("go", append(append([]string{"build"}, testdb.BuildFlags...), "-o", built, "github.com/watermill-inbox/inbox/cmd/inbox")...).CombinedOutput()
 		if err != nil {
 			buildErr = errors.New("building the inbox command: " + err.Error() + "\n" + string(out))
 		}
