@@ -17,12 +17,20 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
+# why_install says why the tests need Debian package $1 (a server's, whose
+# address variable is $2).
+why_install() {
+	case $1 in
+	prometheus) echo "its promtool checks and unit-tests the alerting rules (its server is not started)" ;;
+	*) echo "the tests start a throwaway server from it where none answers${2:+ (at \$$2, or on its usual local port)}" ;;
+	esac
+}
 apt_install() { # apt_install PACKAGE [VARIABLE] [apt-get flags...]
 	if [ "$(id -u)" != 0 ]; then
 		log "$1 is not installed and this is not root: install the Debian package $1${2:+, or point $2 at a server}"
 		exit 1
 	fi
-	log "installing $1"
+	log "installing the Debian package $1 with apt-get (update, then install): $(why_install "$1" "${2:-}")"
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${@:3}" "$1" >/dev/null
 }
@@ -338,6 +346,36 @@ in_module() {
 	(cd "$m" && go "$verb" "$rel" "$@")
 }
 
+# step NAME COMMAND... runs one step of the suite. A step that fails does
+# not stop the others: its name, with the failing tests and packages of its
+# output, is kept for the summary, and test.sh exits 1 at the end.
+failed=()
+steps=0
+step() {
+	local name=$1 out=$work/step.log status=0
+	shift
+	steps=$((steps + 1))
+	"$@" 2>&1 | tee "$out" || status=$?
+	if [ "$status" != 0 ]; then
+		failed+=("$name (exit status $status)")
+		while read -r line; do failed+=("    $line"); done < <(grep -E '^(--- FAIL|FAIL[[:space:]]|panic:|WARNING: DATA RACE)' "$out" | sort -u)
+		log "FAILED: $name; going on with the other steps"
+	fi
+}
+in_dir() { (cd "$1" && shift && "$@"); }
+quiet() { "$@" >/dev/null; } # an example's output is long; its errors go to stderr
+
+# summary reports every failed step and exits 1 if there is one.
+summary() {
+	if [ ${#failed[@]} -eq 0 ]; then
+		log "all $steps steps passed"
+		exit 0
+	fi
+	log "failed steps, of $steps:"
+	printf '  %s\n' "${failed[@]}" >&2
+	exit 1
+}
+
 if [ $# -eq 0 ]; then
 	for m in "${modules[@]}"; do
 		# The library's own tests need no broker: RabbitMQ boots meanwhile.
@@ -347,28 +385,30 @@ if [ $# -eq 0 ]; then
 		for d in _examples/*/; do
 			if [ "$(module_of "./$d")" = "$m" ]; then examples+=("./$(realpath -m --relative-to="$m" "$d")"); fi
 		done
-		(cd "$m" && go vet ./... "${examples[@]}")
-		(cd "$m" && go test -race -count=1 ./...)
+		step "go vet in module $m" in_dir "$m" go vet ./... "${examples[@]}"
+		step "go test in module $m" in_dir "$m" go test -race -count=1 ./...
 	done
 	# The README's first command: it must keep working with no server at all.
-	in_module run ./_examples/quickstart >/dev/null
+	step "example quickstart" quiet in_module run ./_examples/quickstart
+	# The PostgreSQL example, twice at once: each run has tables of its own.
+	step "example postgres" in_module test ./_examples/postgres -race -count=1
 	# The metrics example checks its own /metrics page and fails without the counters.
-	in_module run ./_examples/metrics -addr 127.0.0.1:0 >/dev/null
+	step "example metrics" quiet in_module run ./_examples/metrics -addr 127.0.0.1:0
 	# NATS JetStream embedded in the process, redelivering three ways; it fails unless every order has one invoice.
-	in_module run ./_examples/nats-jetstream >/dev/null
+	step "example nats-jetstream" quiet in_module run ./_examples/nats-jetstream
 	# The complete loop on embedded Kafka; it fails unless every order has one invoice and one notification.
-	in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	step "example outbox-kafka-inbox" quiet in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN"
 	# Watermill's exactly-once-delivery-counter behind the inbox; it fails unless the counter equals the events.
-	in_module run ./_examples/exactly-once-counter -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	step "example exactly-once-counter" quiet in_module run ./_examples/exactly-once-counter -dsn "$INBOX_TEST_POSTGRES_DSN"
 	# Invoice emails through a River job and a sweeper; it fails unless every order has one invoice and an email, and
 	# (with -kill, its senders SIGKILLed after the mail server accepted an email) every duplicate email is explained.
-	in_module run ./_examples/invoicing >/dev/null
-	in_module run ./_examples/invoicing -kill >/dev/null
-	in_module run ./_examples/invoicing -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	step "example invoicing" quiet in_module run ./_examples/invoicing
+	step "example invoicing -kill" quiet in_module run ./_examples/invoicing -kill
+	step "example invoicing on PostgreSQL" quiet in_module run ./_examples/invoicing -dsn "$INBOX_TEST_POSTGRES_DSN"
 	# The library promises the Go version its go.mod names: its own tests pass
 	# with that toolchain (the module proxy serves it; CI fetches it first).
-	GOTOOLCHAIN=go$(min_go) go test -count=1 ./...
-	exit 0
+	step "go test with go$(min_go)" env GOTOOLCHAIN=go$(min_go) go test -count=1 ./...
+	summary
 fi
 
 # With arguments: go test flags and packages; each package is tested in its own module.
@@ -379,5 +419,6 @@ done
 [ ${#pkgs[@]} -gt 0 ] || pkgs=(./...)
 await_rabbitmq
 for p in "${pkgs[@]}"; do
-	in_module test "$p" -race -count=1 "${flags[@]}"
+	step "go test $p" in_module test "$p" -race -count=1 "${flags[@]}"
 done
+summary

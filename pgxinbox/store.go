@@ -99,6 +99,9 @@ func (s *Store) RegisterConsumer(ctx context.Context, consumer, service string) 
 	return s.sql.RegisterConsumer(ctx, consumer, service)
 }
 
+// SchemaStatements is [sqlinbox.Store.SchemaStatements].
+func (s *Store) SchemaStatements() []string { return s.sql.SchemaStatements() }
+
 // AddFingerprintColumnSQL is [sqlinbox.Store.AddFingerprintColumnSQL].
 func (s *Store) AddFingerprintColumnSQL() string { return s.sql.AddFingerprintColumnSQL() }
 

@@ -15,6 +15,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -181,6 +182,14 @@ func (s *Store) Table() string { return s.table.String() }
 func (s *Store) SchemaSQL() string {
 	return strings.Join(s.q.schema, ";\n\n") + ";\n"
 }
+
+// SchemaStatements returns the statements of SchemaSQL one by one, without
+// their final semicolons, for a migration tool that takes statements rather
+// than a script. A tool that splits a file at semicolons must be told where
+// a statement ends: on a partitioned table the last one is a DO block with
+// semicolons of its own (goose: between -- +goose StatementBegin and
+// -- +goose StatementEnd, as inbox schema -format goose prints it).
+func (s *Store) SchemaStatements() []string { return slices.Clone(s.q.schema) }
 
 // AddFingerprintColumnSQL returns the statement that adds the fingerprint
 // column (Config.Fingerprints) to an inbox table created without it, for a

@@ -10,8 +10,10 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql" // registers "mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
@@ -181,4 +183,29 @@ func DropTimePartitions(t testing.TB, db *sql.DB, table string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// BlockLastTimePartition makes a period blocked, as one event dated ahead
+// of the clock does on a table partitioned by event time: it drops the
+// latest time partition of a partitioned PostgreSQL inbox table (it must
+// hold no rows) and returns its name and a time inside its period. An
+// event dated then lands in the default partition, and from then on the
+// partition cannot be created.
+func BlockLastTimePartition(t testing.TB, db *sql.DB, table string) (partition string, within time.Time) {
+	t.Helper()
+	names := TimePartitions(t, db, table)
+	if len(names) == 0 {
+		t.Fatalf("%s has no time partitions", table)
+	}
+	partition = names[len(names)-1]
+	_, suffix, _ := strings.Cut(partition[len(table):], "_p")
+	layout := map[int]string{8: "20060102", 6: "200601"}[len(suffix)]
+	from, err := time.Parse(layout, suffix)
+	if err != nil {
+		t.Fatalf("partition %s: %v", partition, err)
+	}
+	if _, err := db.Exec(`DROP TABLE ` + partition); err != nil {
+		t.Fatal(err)
+	}
+	return partition, from.Add(time.Hour)
 }
