@@ -332,6 +332,30 @@ func (r *Rig) FailFirstAttempt(t testing.TB, takeTx bool, write Write) FirstAtte
 	return res
 }
 
+// TryOnce calls write in a handler's first attempt, which then fails (with
+// write's error, or after writing); the redelivery succeeds without calling
+// write. It returns write's error and the order's invoices: 0 unless the
+// write escaped the inbox transaction. For a write that fails, which on
+// PostgreSQL aborts the inbox transaction, so that no attempt making it can
+// commit.
+func (r *Rig) TryOnce(t testing.TB, write Write) (invoices int, err error) {
+	t.Helper()
+	id := NewID()
+	d := r.Start(t, func(msg *message.Message, attempt int) error {
+		if attempt > 1 {
+			inbox.TxNotNeeded(msg.Context())
+			return nil
+		}
+		if err = write(msg); err != nil {
+			return err
+		}
+		return errFirstAttempt
+	})
+	d.Deliver(id)
+	require.Equal(t, 2, d.Calls(id))
+	return r.Invoices(t)[id], err
+}
+
 func (r *Rig) takeTx(ctx context.Context) {
 	if r.Backend == Pgx {
 		_, _ = pgxinbox.TxFromContext(ctx)
