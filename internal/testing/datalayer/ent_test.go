@@ -27,17 +27,12 @@ func entDialect(b datalayer.Backend) string {
 	}
 }
 
-// entClient is an ent client on the inbox transaction.
-func entClient(msg *message.Message, dialectName string) *ent.Client {
-	tx, _ := inbox.TxFromContext(msg.Context())
-	drv := entsql.NewDriver(dialectName, entsql.Conn{ExecQuerier: tx}) // dialect.Postgres, dialect.MySQL or dialect.SQLite
-	return ent.NewClient(ent.Driver(drv))
-}
-
 // entHandler writes through ent in the inbox transaction.
 func entHandler(dialectName string) datalayer.Write {
 	return func(msg *message.Message) error {
-		client := entClient(msg, dialectName)
+		tx, _ := inbox.TxFromContext(msg.Context())
+		drv := entsql.NewDriver(dialectName, entsql.Conn{ExecQuerier: tx}) // dialect.Postgres, dialect.MySQL or dialect.SQLite
+		client := ent.NewClient(ent.Driver(drv))                           // one per message: it holds no connection
 		return client.Invoice.Create().SetOrderID(msg.UUID).Exec(msg.Context())
 	}
 }
@@ -58,7 +53,9 @@ func TestEnt(t *testing.T) {
 					err = fmt.Errorf("ent's Tx panicked: %w", p.(error))
 				}
 			}()
-			_, err = entClient(msg, name).Tx(msg.Context())
+			tx, _ := inbox.TxFromContext(msg.Context())
+			client := ent.NewClient(ent.Driver(entsql.NewDriver(name, entsql.Conn{ExecQuerier: tx})))
+			_, err = client.Tx(msg.Context())
 			return err
 		})
 		var assertion *runtime.TypeAssertionError

@@ -2,6 +2,7 @@ package datalayer_test
 
 import (
 	"database/sql"
+	"errors"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -80,6 +81,24 @@ func TestGORM(t *testing.T) {
 		})
 		require.ErrorIs(t, err, gorm.ErrInvalidTransaction)
 		require.Equal(t, 0, invoices)
+
+		// Commit on that session commits the inbox transaction there and
+		// then, claim included: the handler fails after it, yet its write
+		// stays, and the redelivery is skipped as a duplicate.
+		id := datalayer.NewID()
+		d := r.Start(t, func(msg *message.Message, _ int) error {
+			g := gormSession(gdb, msg)
+			if err := g.Create(&Invoice{OrderID: msg.UUID}).Error; err != nil {
+				return err
+			}
+			if err := g.Commit().Error; err != nil {
+				return err
+			}
+			return errors.New("the handler fails after its Commit")
+		})
+		d.Deliver(id)
+		require.Equal(t, 1, d.Calls(id), "the redelivery was a duplicate")
+		require.Equal(t, 1, r.Invoices(t)[id], "the failed attempt's write committed")
 	})
 }
 

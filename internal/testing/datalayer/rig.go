@@ -152,7 +152,7 @@ func New(t testing.TB, backend Backend) *Rig {
 
 // Write is a handler that writes the invoice of the order whose id is the
 // message's UUID (also its event id) through the data layer under test.
-type Write func(msg *message.Message) error
+type Write = func(msg *message.Message) error
 
 // Invoices counts the invoices of each order.
 func (r *Rig) Invoices(t testing.TB) map[string]int {

@@ -21,13 +21,16 @@ const insertInvoice = `INSERT INTO invoices (order_id) VALUES (:order_id)`
 func sqlxHandler(xdb *sqlx.DB) datalayer.Write {
 	return func(msg *message.Message) error {
 		tx, _ := inbox.TxFromContext(msg.Context())
-		xtx := &sqlx.Tx{Tx: tx, Mapper: xdb.Mapper}                                  // Get, Select, Queryx...; no driver name
-		query, args, err := xdb.BindNamed(insertInvoice, Invoice{OrderID: msg.UUID}) // bind on the DB, which knows it
+		xtx := &sqlx.Tx{Tx: tx, Mapper: xdb.Mapper} // no driver name: bind and rebind on xdb
+		query, args, err := xdb.BindNamed(`INSERT INTO invoices (order_id) VALUES (:order_id)`, Invoice{OrderID: msg.UUID})
 		if err != nil {
 			return err
 		}
-		_, err = xtx.ExecContext(msg.Context(), query, args...)
-		return err
+		if _, err := xtx.ExecContext(msg.Context(), query, args...); err != nil {
+			return err
+		}
+		var invoice Invoice // the row just written, read back in the same transaction
+		return xtx.GetContext(msg.Context(), &invoice, xdb.Rebind(`SELECT id, order_id FROM invoices WHERE order_id = ?`), msg.UUID)
 	}
 }
 
