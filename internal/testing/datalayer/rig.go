@@ -171,8 +171,8 @@ func (r *Rig) Invoices(t testing.TB) map[string]int {
 	return counts
 }
 
-// Deliveries runs one router for a test: each Deliver publishes one
-// message and returns once it is acked.
+// Deliveries is one router with the inbox in front of a handler: each
+// Deliver publishes one message and returns once it is acked.
 type Deliveries struct {
 	t       testing.TB
 	pubsub  *gochannel.GoChannel
@@ -213,6 +213,7 @@ func (r *Rig) Start(t testing.TB, handler func(msg *message.Message, attempt int
 		require.NoError(t, router.Close())
 		cancel()
 		require.NoError(t, <-done)
+		require.NoError(t, d.pubsub.Close()) // also ends a publish Deliver gave up on
 	})
 	return d
 }
