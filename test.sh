@@ -30,28 +30,41 @@ pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || 
 # The Debian packages put these outside a user's PATH.
 rabbitmq_bin=/usr/lib/rabbitmq/bin/rabbitmq-server
 has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
-# install_promtool installs Debian's prometheus package for promtool, which
-# checks and unit-tests prommetrics' alerting rules. Only the binary is
-# wanted: the package's Prometheus server (on :9090) must not run, so a
-# policy-rc.d refuses to start it while dpkg runs (unless the machine has its
-# own, whose policy may allow it: then it is stopped), and it is disabled at
-# boot; the recommended node exporter is left out.
-install_promtool() {
-	command -v promtool >/dev/null 2>&1 && return
-	local policy=/usr/sbin/policy-rc.d
+# apt_install_stopped PACKAGE [VARIABLE] [apt-get flags...] installs a
+# package whose service must not run: a policy-rc.d refuses to start it while
+# dpkg runs (unless the machine has its own, whose policy may allow it: then
+# it is stopped), and it is disabled at boot.
+apt_install_stopped() {
+	local policy=/usr/sbin/policy-rc.d service=${SERVICE:-$1}
 	if [ "$(id -u)" = 0 ] && [ ! -e "$policy" ]; then
 		(
 			trap 'rm -f "$policy"' EXIT
 			printf '#!/bin/sh\nexit 101\n' >"$policy"
 			chmod 755 "$policy"
-			apt_install prometheus "" --no-install-recommends
+			apt_install "$@"
 		)
 	else
-		apt_install prometheus "" --no-install-recommends
+		apt_install "$@"
 	fi
-	invoke-rc.d prometheus stop >/dev/null 2>&1 || true
-	update-rc.d prometheus disable >/dev/null 2>&1 || true
-	deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
+	invoke-rc.d "$service" stop >/dev/null 2>&1 || true
+	update-rc.d "$service" disable >/dev/null 2>&1 || true
+	deb-systemd-helper disable "$service.service" >/dev/null 2>&1 || true
+}
+# install_promtool installs Debian's prometheus package for promtool, which
+# checks and unit-tests prommetrics' alerting rules. Only the binary is
+# wanted: the package's Prometheus server (on :9090) must not run; the
+# recommended node exporter is left out.
+install_promtool() {
+	command -v promtool >/dev/null 2>&1 && return
+	apt_install_stopped prometheus "" --no-install-recommends
+}
+# install_patroni installs Patroni and etcd for the failover tests, which
+# start their own cluster; the packages' services must not run.
+install_patroni() {
+	has patroni || SERVICE=patroni apt_install_stopped patroni
+	# Patroni's etcd client, for Debian's Python (not whichever python3 is first in PATH).
+	/usr/bin/python3 -c 'import etcd' 2>/dev/null || apt_install python3-etcd
+	has etcd || SERVICE=etcd apt_install_stopped etcd-server
 }
 # install_missing installs the Debian package of every server binary that is
 # missing, and promtool.
@@ -61,15 +74,17 @@ install_missing() {
 	[ -x "$rabbitmq_bin" ] || apt_install rabbitmq-server INBOX_TEST_AMQP_URL
 	has nats-server || apt_install nats-server INBOX_TEST_NATS_URL
 	has redis-server || apt_install redis-server INBOX_TEST_REDIS_ADDR
+	install_patroni
 	install_promtool
 }
 if [ "${1:-}" = --install ]; then
 	install_missing
 	exit 0
 fi
-# promtool, for the alerting rules' tests: installed here when missing, as the
-# servers below; without root, the rules' test says how to get it.
-[ "$(id -u)" != 0 ] || install_promtool
+# promtool, for the alerting rules' tests, and Patroni with etcd, for the
+# failover tests: installed here when missing, as the servers below; without
+# root, the tests say how to get them.
+[ "$(id -u)" != 0 ] || { install_promtool; install_patroni; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/inbox-test.XXXXXX")
 chmod 755 "$work"
@@ -77,7 +92,23 @@ chmod 755 "$work"
 # $work/stops written by starters that run in the background.
 stops=()
 background=()
+# Tests that kill database servers start their own under $work/servers
+# (internal/testing/dbserver), each recording its processes in a file pids.
+# A test binary that died (a timeout) ran no cleanup: what it left running is
+# killed at exit, Patroni before the PostgreSQL it would restart, each
+# process checked by its command line to still be one the tests started.
+export INBOX_TEST_SERVERS_DIR=$work/servers
+kill_leftovers() {
+	local dir pid
+	for dir in "$work"/servers/*/; do
+		[ -d "$dir" ] || continue
+		for pid in $(cat "$dir/pids" 2>/dev/null) $(find "$dir" -name postmaster.pid -exec head -n 1 {} \; 2>/dev/null); do
+			if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$dir"; then kill -9 "$pid" 2>/dev/null || true; fi
+		done
+	done
+}
 cleanup() {
+	kill_leftovers
 	for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
 	for cmd in "${stops[@]}"; do eval "$cmd" >/dev/null 2>&1 || true; done
 	if [ -f "$work/stops" ]; then
@@ -329,6 +360,11 @@ if [ $# -eq 0 ]; then
 	in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
 	# Watermill's exactly-once-delivery-counter behind the inbox; it fails unless the counter equals the events.
 	in_module run ./_examples/exactly-once-counter -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	# Invoice emails through a River job and a sweeper; it fails unless every order has one invoice and an email, and
+	# (with -kill, its senders SIGKILLed after the mail server accepted an email) every duplicate email is explained.
+	in_module run ./_examples/invoicing >/dev/null
+	in_module run ./_examples/invoicing -kill >/dev/null
+	in_module run ./_examples/invoicing -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
 	# The library promises the Go version its go.mod names: its own tests pass
 	# with that toolchain (the module proxy serves it; CI fetches it first).
 	GOTOOLCHAIN=go$(min_go) go test -count=1 ./...

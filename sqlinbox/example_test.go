@@ -32,4 +32,10 @@ func ExampleStore_SchemaSQL() {
 	// );
 	//
 	// CREATE INDEX IF NOT EXISTS "inbox_processed_at_idx" ON "billing"."inbox" (processed_at);
+	//
+	// CREATE TABLE IF NOT EXISTS "billing"."inbox_consumers" (
+	// 	consumer      text        NOT NULL PRIMARY KEY CHECK (octet_length(consumer) BETWEEN 1 AND 255),
+	// 	service       text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
+	// 	registered_at timestamptz NOT NULL DEFAULT now()
+	// );
 }

@@ -71,7 +71,10 @@ func run(dsn string) error {
 	var failedOnce atomic.Bool
 	router.AddConsumerHandler("invoicing", "orders", pubSub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
 		calls.Add(1)
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		orderID := msg.Metadata.Get("event_id")
 		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO example_invoices (order_id) VALUES ($1)`, orderID); err != nil {
 			return err

@@ -66,25 +66,34 @@ func Name(prefix string) string {
 	return prefix + "_" + hex.EncodeToString(b)
 }
 
-// Table returns a unique table name and drops that table (if it was
-// created) when the test ends.
+// Table returns a unique table name and drops that table and its consumer
+// registry (if they were created) when the test ends.
 func Table(t testing.TB, db *sql.DB, prefix string) string {
 	t.Helper()
 	name := Name(prefix)
 	t.Cleanup(func() {
-		if _, err := db.Exec("DROP TABLE IF EXISTS " + name); err == nil {
+		if drop(db, name) == nil {
 			return
 		}
 		// The test closed db (a closed-database case): drop the table
 		// through a pool of its own.
 		if src, ok := opened.Load(db); ok {
 			if again, err := sql.Open(src.(source).driver, src.(source).dsn); err == nil {
-				_, _ = again.Exec("DROP TABLE IF EXISTS " + name)
+				_ = drop(again, name)
 				_ = again.Close()
 			}
 		}
 	})
 	return name
+}
+
+// drop drops an inbox table and the registry sqlinbox keeps beside it.
+func drop(db *sql.DB, table string) error {
+	_, err := db.Exec("DROP TABLE IF EXISTS " + table)
+	if err == nil {
+		_, err = db.Exec("DROP TABLE IF EXISTS " + table + "_consumers")
+	}
+	return err
 }
 
 // MySQLDSN is the MySQL/MariaDB DSN tests use: INBOX_TEST_MYSQL_DSN, or a
