@@ -32,7 +32,10 @@ func openBun(r *datalayer.Rig) *bun.DB {
 // bunHandler writes through bun in the inbox transaction.
 func bunHandler(bdb *bun.DB) datalayer.Write {
 	return func(msg *message.Message) error {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		_, err := bdb.NewInsert().Conn(tx).Model(&Invoice{OrderID: msg.UUID}).Exec(msg.Context())
 		return err
 	}

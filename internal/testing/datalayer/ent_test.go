@@ -30,7 +30,10 @@ func entDialect(b datalayer.Backend) string {
 // entHandler writes through ent in the inbox transaction.
 func entHandler(dialectName string) datalayer.Write {
 	return func(msg *message.Message) error {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		drv := entsql.NewDriver(dialectName, entsql.Conn{ExecQuerier: tx}) // dialect.Postgres, dialect.MySQL or dialect.SQLite
 		client := ent.NewClient(ent.Driver(drv))                           // one per message: it holds no connection
 		return client.Invoice.Create().SetOrderID(msg.UUID).Exec(msg.Context())

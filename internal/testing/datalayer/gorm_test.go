@@ -39,7 +39,10 @@ func gormDialector(b datalayer.Backend, db *sql.DB) gorm.Dialector {
 // gormHandler writes through GORM in the inbox transaction.
 func gormHandler(gdb *gorm.DB) datalayer.Write {
 	return func(msg *message.Message) error {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		g := gdb.WithContext(msg.Context())
 		g.Statement.ConnPool = tx // g, and the sessions made from it, write in the inbox transaction
 		return g.Create(&Invoice{OrderID: msg.UUID}).Error

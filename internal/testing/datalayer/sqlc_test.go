@@ -28,7 +28,10 @@ type sqlcQueries[Q any] interface {
 // sqlcHandler writes through sqlc's code in the inbox transaction.
 func sqlcHandler[Q sqlcQueries[Q]](queries Q) datalayer.Write {
 	return func(msg *message.Message) error {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		return queries.WithTx(tx).CreateInvoice(msg.Context(), msg.UUID)
 	}
 }
@@ -80,7 +83,10 @@ func testSqlc[Q sqlcQueries[Q]](t *testing.T, r *datalayer.Rig, queries Q) {
 // transaction of a pgxinbox store.
 func sqlcPgxHandler(queries *pgxv5.Queries) datalayer.Write {
 	return func(msg *message.Message) error {
-		tx, _ := pgxinbox.TxFromContext(msg.Context())
+		tx, ok := pgxinbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		return queries.WithTx(tx).CreateInvoice(msg.Context(), msg.UUID)
 	}
 }

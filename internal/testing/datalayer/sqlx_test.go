@@ -20,7 +20,10 @@ const insertInvoice = `INSERT INTO invoices (order_id) VALUES (:order_id)`
 // sqlxHandler writes through sqlx in the inbox transaction.
 func sqlxHandler(xdb *sqlx.DB) datalayer.Write {
 	return func(msg *message.Message) error {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		xtx := &sqlx.Tx{Tx: tx, Mapper: xdb.Mapper} // no driver name: bind and rebind on xdb
 		query, args, err := xdb.BindNamed(`INSERT INTO invoices (order_id) VALUES (:order_id)`, Invoice{OrderID: msg.UUID})
 		if err != nil {
