@@ -42,9 +42,9 @@ func ExampleStore_SchemaSQL() {
 }
 
 // SchemaStatements hands the same DDL statement by statement, for a
-// migration tool that takes statements: on a partitioned table the last
-// one is a DO block with semicolons of its own, which a tool splitting a
-// script at semicolons would cut apart.
+// migration tool that takes statements: on a partitioned table one of them
+// is a DO block with semicolons of its own, which a tool splitting a script
+// at semicolons would cut apart. The last one creates the consumer registry.
 func ExampleStore_SchemaStatements() {
 	db, err := sql.Open("postgres", "postgres://migrations.invalid/app") // opened lazily, never used
 	if err != nil {
@@ -64,4 +64,5 @@ func ExampleStore_SchemaStatements() {
 	// CREATE TABLE IF NOT EXISTS "watermill_inbox_default" PARTITION OF "watermill_inbox" DEFAULT, semicolons inside: false
 	// CREATE INDEX IF NOT EXISTS "watermill_inbox_processed_at_idx" ON "watermill_inbox" (processed_at), semicolons inside: false
 	// DO $$, semicolons inside: true
+	// CREATE TABLE IF NOT EXISTS "watermill_inbox_consumers" (, semicolons inside: false
 }
