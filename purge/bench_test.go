@@ -190,7 +190,7 @@ func claimLatencies(b *testing.B, bb *bundle, prefix string, work func()) (lat [
 	return lat, nBusy.Load()
 }
 
-func p50(d []time.Duration) time.Duration { return d[len(d)/2] }
-func p99(d []time.Duration) time.Duration { return d[len(d)*99/100] }
+func p50(d []time.Duration) time.Duration  { return d[len(d)/2] }
+func p99(d []time.Duration) time.Duration  { return d[len(d)*99/100] }
 func p999(d []time.Duration) time.Duration { return d[len(d)*999/1000] }
-func ms(d time.Duration) float64          { return float64(d) / float64(time.Millisecond) }
+func ms(d time.Duration) float64           { return float64(d) / float64(time.Millisecond) }

@@ -23,6 +23,8 @@ type Dialect interface {
 	// setting takes, and that setting; 0 where ClaimTimeout is refused
 	// anyway.
 	claimTimeoutLimit() (time.Duration, string)
+	// registry builds the statements of the table's consumer registry.
+	registry(t tableName) registryQueries
 }
 
 // queries holds a store's SQL text, built once. Differences between dialects
@@ -68,6 +70,8 @@ type queries struct {
 	// configErr, when set, is why the dialect cannot honour the Config; New
 	// returns it.
 	configErr error
+	// registry is the consumer registry's SQL; its table ends schema.
+	registry registryQueries
 }
 
 // sqlState is implemented by PostgreSQL driver errors (lib/pq's *pq.Error and
