@@ -28,6 +28,12 @@ type engine struct {
 	txUseMu      sync.RWMutex
 	txUse        map[string]txUse // per consumer, for reportUnusedTx
 
+	observers []Observer // Config.Observer, inbox.Observers flattened (observe.go)
+	panics    observerPanics
+
+	publisherMu sync.RWMutex
+	publishers  map[string]publisherCheck // per consumer (producedtx.go)
+
 	wrongAccessorMu sync.Mutex
 	wrongAccessor   map[string]bool // consumers reported by reportWrongAccessor
 
@@ -48,12 +54,19 @@ func (e *engine) middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 func (e *engine) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	if e.config.Observer == nil {
+	if len(e.observers) == 0 {
 		return e.process(h, msg, nil)
 	}
 	ob := Observation{Start: time.Now()}
 	orig := msg.Context()
-	ctx, done := e.config.Observer.Start(orig)
+	ctx := orig
+	var buf [4]func(Observation)
+	dones := buf[:0]
+	for _, o := range e.observers {
+		var done func(Observation)
+		ctx, done = e.startObserver(o, ctx, orig)
+		dones = append(dones, done)
+	}
 	msg.SetContext(ctx)
 	defer msg.SetContext(orig)
 	finished := false
@@ -61,14 +74,14 @@ func (e *engine) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		if !finished { // the handler panicked
 			ob.Outcome, ob.Err = OutcomeRolledBack, errPanicked
 			ob.Duration = time.Since(ob.Start)
-			done(ob)
+			e.observed(dones, ob)
 		}
 	}()
 	produced, err := e.process(h, msg, &ob)
 	finished = true
 	ob.Err = err
 	ob.Duration = time.Since(ob.Start)
-	done(ob)
+	e.observed(dones, ob)
 	return produced, err
 }
 
@@ -203,7 +216,10 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 	}
 	if e.config.ProducedPublisher != nil && len(produced) > 0 {
 		s.markTxTaken()
-		if err := e.publishInTx(hctx, produced); err != nil {
+		if err := e.publishInTx(hctx, s, produced); err != nil {
+			if errors.Is(err, ErrMiswired) {
+				ob.Outcome = OutcomeMiswired
+			}
 			return nil, err
 		}
 		produced = nil
@@ -294,24 +310,6 @@ func (e *engine) eventID(msg *message.Message) (string, error) {
 		return e.checkID(id)
 	}
 	return id, nil
-}
-
-// publishInTx publishes the handler's produced messages through the
-// publisher Config.ProducedPublisher builds in ctx, the handler's context,
-// whose transaction it takes.
-func (e *engine) publishInTx(ctx context.Context, produced []*message.Message) error {
-	topic := message.PublishTopicFromCtx(ctx)
-	if topic == "" {
-		return errors.New("inbox: handler returned messages but has no publish topic; add the handler with router.AddHandler, not AddConsumerHandler")
-	}
-	pub, err := e.config.ProducedPublisher(ctx)
-	if err != nil {
-		return fmt.Errorf("inbox: building the in-transaction publisher: %w", err)
-	}
-	if err := pub.Publish(topic, produced...); err != nil {
-		return fmt.Errorf("inbox: publishing produced messages in the transaction: %w", err)
-	}
-	return nil
 }
 
 // runHooks runs the session's after-commit hooks in order and returns

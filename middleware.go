@@ -86,6 +86,22 @@ type Config struct {
 	// publishes them after the commit: if that publish fails, the
 	// redelivery is a duplicate and the messages are lost. Defaults to nil
 	// (the router publishes them).
+	//
+	// The publisher must write through that transaction. One built on the
+	// *sql.DB, a pgx pool or a broker publishes on its own: when the COMMIT
+	// then fails (a deferred foreign key, a lost connection) the redelivery
+	// publishes again (a watermill-sql v4 publisher on the *sql.DB wrote 6
+	// outbox rows for 3 produced messages). The middleware refuses such a
+	// publisher with [ErrMiswired], and the message rolls back: before it
+	// writes, when it holds a database handle other than the transaction
+	// (watermill-sql v3 and v4 publishers, on database/sql or pgx); after
+	// the first Publish of each consumer, when it holds none the middleware
+	// can see (one reached through a closure, a broker's) and the
+	// transaction wrote no row meanwhile ([TxWriteCounter]), and from then
+	// on. Those first messages have gone out already. A store that cannot
+	// count writes (PostgreSQL with track_counts off, a store wrapping
+	// another) leaves that second case unchecked, as is a publisher that
+	// writes both through the transaction and elsewhere.
 	ProducedPublisher func(ctx context.Context) (message.Publisher, error)
 
 	// Observer, when set, is told about every message (outcome, timings),
@@ -202,7 +218,7 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("inbox: invalid config: %w", err)
 	}
-	e := &engine{config: config}
+	e := &engine{config: config, observers: flatten(config.Observer)}
 	if checker, ok := config.Store.(EventIDChecker); ok {
 		e.checkID = checker.CheckEventID
 	}

@@ -74,6 +74,14 @@ type Observation struct {
 	// not change that outcome: the transaction committed and the message
 	// is acked, but the hook's effect is lost.
 	AfterCommitErr error
+
+	// ObserverPanics is how many observer callbacks (Start or done, of
+	// any observer) have panicked in this middleware so far, this
+	// message's included: a running total, like a counter's value, for an
+	// observer that still works (another one combined with [Observers],
+	// or this one on the messages where it does not panic) to export. The
+	// first panic of each consumer is also logged at error level.
+	ObserverPanics int64
 }
 
 // Observer watches the middleware, for metrics and tracing without tying the
@@ -83,11 +91,20 @@ type Observation struct {
 // there is the handler's parent), and done is called exactly once when the
 // message leaves, panics included. Both run on the message's goroutine and
 // must be cheap.
+//
+// A panic in either is recovered by the middleware: it never changes the
+// message's outcome, and the messages the handler produced still reach the
+// router. The observer misses what it did not finish (after a panic in
+// Start, the message's done callback too); the others, when combined with
+// [Observers], still see the message. The panic is counted in
+// [Observation].ObserverPanics and logged once per consumer.
 type Observer interface {
 	Start(ctx context.Context) (context.Context, func(Observation))
 }
 
-// Observers combines several observers into one.
+// Observers combines several observers into one. Behind the middleware each
+// runs under its own recover, so one that panics keeps none of the others
+// from seeing the message.
 func Observers(obs ...Observer) Observer { return observers(obs) }
 
 type observers []Observer

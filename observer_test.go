@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/conformance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -94,4 +97,62 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 	_, err = mw(ok)(msg("d"))
 	require.Error(t, err)
 	require.Equal(t, inbox.OutcomeClaimFailed, rec.outcomes()[6])
+}
+
+// panicky panics in Start for the handlers in start, and in its done
+// callback for the others.
+type panicky struct{ start map[string]bool }
+
+func (p panicky) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+	if p.start[message.HandlerNameFromCtx(ctx)] {
+		panic("Start exploded")
+	}
+	return ctx, func(inbox.Observation) { panic("done exploded") }
+}
+
+// A lone observer that panics in Start or in done changes nothing for the
+// message: the middleware returns the handler's produced messages to the
+// router, acks duplicates, nacks failures, as without it. The first panic
+// of each consumer is logged at error level, once.
+func TestObserverPanicChangesNothing(t *testing.T) {
+	t.Parallel()
+	w := newWiring(t)
+	produced := conformance.Payloads(t, w.ps, "out")
+	var failures atomic.Int64
+	conformance.RunRouter(t, func(r *message.Router) {
+		r.AddMiddleware(middleware.Recoverer, w.middleware(t, inbox.Config{Observer: panicky{start: map[string]bool{"starts": true}}}))
+		for _, name := range []string{"starts", "dones"} {
+			r.AddHandler(name, name, w.ps, "out", w.ps, func(msg *message.Message) ([]*message.Message, error) {
+				_, err := w.handler(func(attempt int) error {
+					if msg.Metadata.Get("fail") != "" && attempt == 1 {
+						failures.Add(1)
+						return errors.New("first attempt fails")
+					}
+					return nil
+				})(msg)
+				if err != nil {
+					return nil, err
+				}
+				return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(name))}, nil
+			})
+		}
+	})
+	for _, name := range []string{"starts", "dones"} {
+		w.publish(t, name, "a", "a")
+		failing := message.NewMessage(watermill.NewUUID(), nil)
+		failing.Metadata.Set(inbox.DefaultEventIDMetadataKey, "b")
+		failing.Metadata.Set("fail", "yes")
+		conformance.PublishWithin(t, w.ps, name, failing)
+	}
+	require.EqualValues(t, 2, failures.Load(), "each failed attempt was nacked and redelivered")
+	require.ElementsMatch(t, []string{"starts", "starts", "dones", "dones"}, produced(), "one produced message per event")
+	require.Equal(t, 4, w.effects(t))
+	require.Equal(t, 4, w.claims(t))
+	logged := w.logs.Captured()[watermill.ErrorLogLevel]
+	require.Len(t, logged, 2, "once per consumer")
+	for i, callback := range []string{"Start", "done"} {
+		require.Contains(t, logged[i].Msg, "an Observer panicked")
+		require.Equal(t, callback, logged[i].Fields["callback"])
+		require.ErrorContains(t, logged[i].Err, callback+" exploded")
+	}
 }

@@ -43,6 +43,7 @@ var (
 	_ inbox.Store              = (*Store)(nil)
 	_ inbox.EventIDChecker     = (*Store)(nil)
 	_ inbox.FingerprintChecker = (*Store)(nil)
+	_ inbox.TxWriteCounter     = (*Store)(nil)
 	_ inbox.ConsumerRegistry   = (*Store)(nil)
 	_ inbox.ClaimPool          = (*Store)(nil)
 )
@@ -270,4 +271,21 @@ func txOptions(opts *sql.TxOptions) (pgx.TxOptions, error) {
 		o.AccessMode = pgx.ReadOnly
 	}
 	return o, nil
+}
+
+// CountTxWrites implements [inbox.TxWriteCounter] with the statement of
+// [sqlinbox.Store.CountTxWrites], on the claim's pgx transaction.
+func (s *Store) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, bool, error) {
+	t, ok := tx.(pgx.Tx)
+	if !ok || s.claim.TxWrites == "" {
+		return 0, false, nil
+	}
+	var n *int64
+	if err := t.QueryRow(ctx, s.claim.TxWrites).Scan(&n); err != nil {
+		return 0, false, fmt.Errorf("pgxinbox: counting the transaction's writes: %w", err)
+	}
+	if n == nil {
+		return 0, false, nil
+	}
+	return *n, true, nil
 }

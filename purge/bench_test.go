@@ -3,13 +3,16 @@ package purge_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
@@ -18,16 +21,17 @@ import (
 )
 
 // benchRows is the number of expired rows each benchmark purges.
-const benchRows = 1_000_000
+var benchRows = flag.Int("purge-rows", 1_000_000, "expired rows BenchmarkPurge seeds and purges")
 
 // BenchmarkPurge purges a million expired rows from a plain table of each
 // dialect in batches while four workers keep claiming new events, and
-// reports the purge's throughput and the claims' p99 latency with and
-// without the purge running. It seeds a million rows per iteration, so run
-// it once:
+// reports the purge's throughput and the claims' p99 and longest latency
+// with and without the purge running. It seeds a million rows per
+// iteration (-purge-rows), so run it once, and repeat with -count:
 //
 //	go test ./purge/ -run '^$' -bench 'BenchmarkPurge$' -benchtime 1x        # every dialect
 //	go test ./purge/ -run '^$' -bench 'BenchmarkPurge$/MySQL' -benchtime 1x  # one
+//	go test ./purge/ -run '^$' -bench 'BenchmarkPurge$/SQLite' -benchtime 1x -count 3 -args -purge-rows 500000
 func BenchmarkPurge(b *testing.B) {
 	for _, tg := range targets() {
 		b.Run(tg.name, func(b *testing.B) {
@@ -40,7 +44,7 @@ func BenchmarkPurge(b *testing.B) {
 
 func benchmarkPurge(b *testing.B, tg target) {
 	bb := setup(b, tg)
-	bb.seed(b, "billing", "old-", benchRows, 30*day)
+	bb.seed(b, "billing", "old-", *benchRows, 30*day)
 	analyze := map[sqlinbox.Dialect]string{ // as a long-lived table's statistics would be
 		sqlinbox.PostgreSQL: "VACUUM ANALYZE ", sqlinbox.MySQL: "ANALYZE TABLE ", sqlinbox.SQLite: "ANALYZE ",
 	}[tg.dialect]
@@ -49,7 +53,8 @@ func benchmarkPurge(b *testing.B, tg target) {
 
 	idle, idleBusy := claimLatencies(b, bb, "idle", nil)
 
-	p, err := purge.New(bb.store, purge.Config{Retention: 7 * day})
+	logs := watermill.NewCaptureLogger()
+	p, err := purge.New(bb.store, purge.Config{Retention: 7 * day, Logger: logs})
 	require.NoError(b, err)
 	var (
 		deleted int64
@@ -61,16 +66,25 @@ func benchmarkPurge(b *testing.B, tg target) {
 		took = time.Since(start)
 	})
 	require.NoError(b, err)
-	require.EqualValues(b, benchRows, deleted)
+	require.EqualValues(b, *benchRows, deleted)
 
+	var round watermill.LogFields
+	for _, l := range logs.Captured()[watermill.InfoLogLevel] {
+		if l.Msg == "Inbox purge round done" {
+			round = l.Fields
+		}
+	}
 	b.ReportMetric(float64(deleted)/took.Seconds(), "purged_rows/s")
 	b.ReportMetric(ms(p99(idle)), "claim_p99_idle_ms")
 	b.ReportMetric(ms(p99(during)), "claim_p99_purging_ms")
 	b.ReportMetric(ms(p99(during))/ms(p99(idle)), "p99_ratio")
+	b.ReportMetric(ms(p999(during)), "claim_p999_purging_ms")
+	b.ReportMetric(ms(idle[len(idle)-1]), "claim_max_idle_ms")
+	b.ReportMetric(ms(during[len(during)-1]), "claim_max_purging_ms")
 	b.ReportMetric(float64(duringBusy), "claims_busy_purging")
-	b.Logf("purged %d rows in %s; claims idle: %d (%d busy), p50 %.2fms p99 %.2fms; during the purge: %d (%d busy), p50 %.2fms p99 %.2fms",
-		deleted, took.Round(time.Millisecond), len(idle), idleBusy, ms(p50(idle)), ms(p99(idle)),
-		len(during), duringBusy, ms(p50(during)), ms(p99(during)))
+	b.Logf("purged %d rows in %s (%v batches, %v timed out); claims idle: %d (%d busy), p50 %.2fms p99 %.2fms max %.1fms; during the purge: %d (%d busy), p50 %.2fms p99 %.2fms max %.1fms",
+		deleted, took.Round(time.Millisecond), round["batches"], round["timeouts"], len(idle), idleBusy, ms(p50(idle)), ms(p99(idle)), ms(idle[len(idle)-1]),
+		len(during), duringBusy, ms(p50(during)), ms(p99(during)), ms(during[len(during)-1]))
 }
 
 // BenchmarkDropMonthPartition drops a monthly partition holding a million
@@ -88,7 +102,7 @@ func BenchmarkDropMonthPartition(b *testing.B) {
 			name, bb.table, month.Format(time.DateTime), month.AddDate(0, 1, 0).Format(time.DateTime)))
 		require.NoError(b, err)
 		_, err = bb.db.Exec(fmt.Sprintf(`INSERT INTO %s (consumer, event_id, processed_at)
-SELECT 'billing', 'ev-' || g, $1::timestamptz + (g %% 2500000) * interval '1 second' FROM generate_series(1, $2::int) g`, bb.table), month, benchRows)
+SELECT 'billing', 'ev-' || g, $1::timestamptz + (g %% 2500000) * interval '1 second' FROM generate_series(1, $2::int) g`, bb.table), month, *benchRows)
 		require.NoError(b, err)
 
 		sess, ok, err := bb.store.Maintenance().BeginPurge(context.Background())
@@ -103,7 +117,7 @@ SELECT 'billing', 'ev-' || g, $1::timestamptz + (g %% 2500000) * interval '1 sec
 		require.NoError(b, sess.Close())
 		require.Empty(b, bb.rows(b))
 		b.ReportMetric(ms(took), "drop_ms")
-		b.Logf("dropped %s (%d rows) in %s", name, benchRows, took.Round(time.Microsecond))
+		b.Logf("dropped %s (%d rows) in %s", name, *benchRows, took.Round(time.Microsecond))
 	}
 }
 
@@ -113,8 +127,17 @@ SELECT 'billing', 'ev-' || g, $1::timestamptz + (g %% 2500000) * interval '1 sec
 // four SQLite writers leave the purge no turn at the write lock at all.)
 const claimInterval = 2 * time.Millisecond
 
+// poisson spaces each worker's claims at random (exponential gaps of
+// claimInterval on average), as independent messages arrive, rather than
+// every claimInterval: workers in lockstep meet SQLite's busy handler,
+// which looks at the write lock at fixed steps, at the same phase of
+// their cycle each time, and a waiting claim can miss the lock for
+// seconds.
+var poisson = flag.Bool("purge-poisson", false, "BenchmarkPurge: claims at random intervals instead of every 2 ms")
+
 // claimLatencies runs four claiming workers, each claim and commit timed,
-// for two seconds or, when work is set, while work runs.
+// for ten seconds (long enough for the idle tail to show) or, when work
+// is set, while work runs.
 func claimLatencies(b *testing.B, bb *bundle, prefix string, work func()) (lat []time.Duration, busy int64) {
 	var (
 		mu    sync.Mutex
@@ -128,7 +151,11 @@ func claimLatencies(b *testing.B, bb *bundle, prefix string, work func()) (lat [
 			next := time.Now()
 			for !stop.Load() {
 				time.Sleep(time.Until(next))
-				next = next.Add(claimInterval)
+				gap := claimInterval
+				if *poisson {
+					gap = time.Duration(rand.ExpFloat64() * float64(claimInterval))
+				}
+				next = next.Add(gap)
 				id := fmt.Sprintf("%s-%d-%d", prefix, w, count.Add(1))
 				start := time.Now()
 				tx, ok, err := claim(context.Background(), bb.store, nil, "live", id)
@@ -155,7 +182,7 @@ func claimLatencies(b *testing.B, bb *bundle, prefix string, work func()) (lat [
 	if work != nil {
 		work()
 	} else {
-		time.Sleep(2 * time.Second)
+		time.Sleep(10 * time.Second)
 	}
 	stop.Store(true)
 	wg.Wait()
@@ -163,6 +190,7 @@ func claimLatencies(b *testing.B, bb *bundle, prefix string, work func()) (lat [
 	return lat, nBusy.Load()
 }
 
-func p50(d []time.Duration) time.Duration { return d[len(d)/2] }
-func p99(d []time.Duration) time.Duration { return d[len(d)*99/100] }
-func ms(d time.Duration) float64          { return float64(d) / float64(time.Millisecond) }
+func p50(d []time.Duration) time.Duration  { return d[len(d)/2] }
+func p99(d []time.Duration) time.Duration  { return d[len(d)*99/100] }
+func p999(d []time.Duration) time.Duration { return d[len(d)*999/1000] }
+func ms(d time.Duration) float64           { return float64(d) / float64(time.Millisecond) }

@@ -14,6 +14,8 @@
 // or a MySQL named lock held by the round); the others skip the round. On a
 // partitioned PostgreSQL table (sqlinbox.Config.Partitioning) the purge
 // creates partitions ahead of time and drops whole expired partitions.
+// Before its first delete a purger checks that the table's times compare
+// correctly with its cutoff (ErrTableMismatch).
 //
 //	p, err := purge.New(store, purge.Config{Retention: 14 * 24 * time.Hour, Logger: logger})
 //	go p.Run(ctx) // or: deleted, err := p.PurgeOnce(ctx) from cron (inbox purge, cmd/inbox)
@@ -45,9 +47,19 @@ const (
 	// enough that a million rows take a few hundred statements, small enough
 	// that each holds its row locks and WAL for milliseconds.
 	DefaultBatchSize = 5000
+	// DefaultSQLiteBatchSize replaces DefaultBatchSize on SQLite, whose one
+	// write lock every claim waits for while a batch holds it: a batch of
+	// 1,000 rows holds it for a few milliseconds, one of 5,000 for tens.
+	DefaultSQLiteBatchSize = 1000
 	// MinBatchSize is the smallest batch the purge shrinks to after
 	// statement timeouts; a timeout at this size fails the round.
 	MinBatchSize = 100
+	// MaxBatchSize is the largest BatchSize New takes, on every dialect:
+	// ten times the default. A batch holds its row locks (on SQLite the
+	// database's only write lock) and its undo or WAL until it commits,
+	// and claims wait behind it; a larger one is the huge DELETE the
+	// batches exist to avoid.
+	MaxBatchSize = 50_000
 	// DefaultStatementTimeout bounds one batch's DELETE.
 	DefaultStatementTimeout = 10 * time.Second
 	// DefaultBatchPause is the longest pause between two batches (the pause
@@ -83,6 +95,17 @@ func (skippedError) Error() string { return "purge: another purge of this table 
 // table was running.
 func (skippedError) Skipped() bool { return true }
 
+// ErrTableMismatch is returned by PurgeOnce and DryRun, before anything is
+// deleted, when the table's times cannot be compared correctly with the
+// purge's cutoff: a time column of the wrong type (MySQL TIMESTAMP instead
+// of DATETIME(6), PostgreSQL timestamp without time zone) or, on SQLite,
+// rows whose processed_at is text in another form than the one the
+// column's default writes. Purging such a table would delete rows still
+// inside the retention. The error says what is wrong and how to migrate;
+// a purger checks again each round until the table passes, then never
+// again. Test for it with errors.Is.
+var ErrTableMismatch = maintenance.ErrTableMismatch
+
 // Store is an inbox store the purge can maintain: a *sqlinbox.Store or a
 // *pgxinbox.Store. Its method returns a type internal to this module, so
 // only the library's stores implement it.
@@ -116,8 +139,9 @@ type Config struct {
 	// Defaults to false.
 	AllowShortRetention bool
 
-	// BatchSize is the most rows one DELETE removes. Defaults to
-	// DefaultBatchSize.
+	// BatchSize is the most rows one DELETE removes, from MinBatchSize to
+	// MaxBatchSize. Defaults to DefaultBatchSize, DefaultSQLiteBatchSize on
+	// SQLite.
 	BatchSize int
 
 	// StatementTimeout bounds each DELETE; after a timeout the batch is
@@ -178,12 +202,15 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 }
 
-func (c *Config) setDefaults() {
+func (c *Config) setDefaults(store maintenance.Store) {
 	if c.MinRetention == 0 {
 		c.MinRetention = DefaultMinRetention
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
+		if store.Limits().OneWriter {
+			c.BatchSize = DefaultSQLiteBatchSize
+		}
 	}
 	if c.StatementTimeout == 0 {
 		c.StatementTimeout = DefaultStatementTimeout
@@ -229,6 +256,9 @@ func (c Config) validate(store maintenance.Store) error {
 	if c.BatchSize < MinBatchSize {
 		return fmt.Errorf("BatchSize %d is below MinBatchSize (%d)", c.BatchSize, MinBatchSize)
 	}
+	if c.BatchSize > MaxBatchSize {
+		return fmt.Errorf("BatchSize %d is above MaxBatchSize (%d): one DELETE that large holds its locks, and the claims waiting behind them, for as long as it runs", c.BatchSize, MaxBatchSize)
+	}
 	for name, d := range map[string]time.Duration{"StatementTimeout": c.StatementTimeout, "BatchPause": c.BatchPause, "Interval": c.Interval, "LockTimeout": c.LockTimeout} {
 		if d < 0 {
 			return fmt.Errorf("%s is negative (%s)", name, d)
@@ -269,6 +299,7 @@ type Purger struct {
 	running sync.Mutex      // held by a round, so rounds in one process never overlap
 	batch   int             // current batch size, shrunk after timeouts; guarded by running
 	blocked map[string]bool // partitions reported blocked, logged as errors once; guarded by running
+	checked bool            // the table passed CheckTable; guarded by running
 }
 
 // New validates config and returns a Purger for store's table. It does not
@@ -281,7 +312,7 @@ func New(store Store, config Config) (*Purger, error) {
 	if m == nil {
 		return nil, errors.New("purge: invalid config: store is nil")
 	}
-	config.setDefaults()
+	config.setDefaults(m)
 	if err := config.validate(m); err != nil {
 		return nil, fmt.Errorf("purge: invalid config: %w", err)
 	}
@@ -322,6 +353,10 @@ func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 		return 0, ErrSkipped
 	}
 	defer sess.Close() //nolint:errcheck // Close discards the connection when the unlock fails
+	if err := p.checkTable(ctx, sess); err != nil {
+		p.config.Logger.Error("Inbox purge round refused: nothing was deleted", err, watermill.LogFields{"table": p.store.Table()})
+		return 0, err
+	}
 
 	start := time.Now()
 	r := round{}
@@ -358,6 +393,20 @@ func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 	}
 	p.config.Logger.Info("Inbox purge round done", fields)
 	return r.deleted + r.droppedRows, nil
+}
+
+// checkTable verifies the table before the purger's first delete; a table
+// that fails is checked again next round, so a migration takes effect
+// without a restart.
+func (p *Purger) checkTable(ctx context.Context, sess maintenance.PurgeSession) error {
+	if p.checked {
+		return nil
+	}
+	if err := sess.CheckTable(ctx); err != nil {
+		return fmt.Errorf("purge: %w", err)
+	}
+	p.checked = true
+	return nil
 }
 
 func (p *Purger) logSkipped() {
@@ -515,6 +564,9 @@ func (p *Purger) DryRun(ctx context.Context) (map[string]int64, error) {
 		return nil, ErrSkipped
 	}
 	defer sess.Close() //nolint:errcheck // nothing was written
+	if err := p.checkTable(ctx, sess); err != nil {
+		return nil, err
+	}
 	total := map[string]int64{}
 	add := func(counts map[string]int64) {
 		for c, n := range counts {

@@ -214,6 +214,8 @@ func TestConfig(t *testing.T) {
 		{"zero override", store, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"mailer": 0}, AllowShortRetention: true}, `ConsumerRetention["mailer"] must be positive`},
 		{"empty consumer", store, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"": 20 * day}}, "empty consumer name"},
 		{"tiny batch", store, purge.Config{Retention: 14 * day, BatchSize: 10}, "BatchSize 10 is below MinBatchSize"},
+		{"huge batch", store, purge.Config{Retention: 14 * day, BatchSize: purge.MaxBatchSize + 1}, "BatchSize 50001 is above MaxBatchSize (50000)"},
+		{"largest batch", store, purge.Config{Retention: 14 * day, BatchSize: purge.MaxBatchSize}, ""},
 		{"negative timeout", store, purge.Config{Retention: 14 * day, StatementTimeout: -time.Second}, "StatementTimeout is negative"},
 		{"overrides on partitions", partitioned, purge.Config{Retention: 14 * day, ConsumerRetention: map[string]time.Duration{"mailer": 30 * day}}, "not available on a partitioned table"},
 		{"ok", store, purge.Config{Retention: 14 * day}, ""},
@@ -555,4 +557,38 @@ func claim(ctx context.Context, store inbox.Store, opts *sql.TxOptions, consumer
 		return nil, false, err
 	}
 	return tx.(inbox.SQLTx).Tx, true, err
+}
+
+// A batch is DefaultBatchSize rows, DefaultSQLiteBatchSize on SQLite,
+// where every claim waits behind it.
+func TestDefaultBatchSize(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		b := setup(t, tg)
+		b.seed(t, "billing", "old-", purge.DefaultSQLiteBatchSize+1, 2*day)
+		var batches []int64
+		p := b.purger(t, purge.Config{Retention: day, OnBatch: func(n int64) { batches = append(batches, n) }})
+		_, err := p.PurgeOnce(context.Background())
+		require.NoError(t, err)
+		want := []int64{purge.DefaultSQLiteBatchSize + 1}
+		if tg.dialect == sqlinbox.SQLite {
+			want = []int64{purge.DefaultSQLiteBatchSize, 1}
+		}
+		require.Equal(t, want, batches)
+	})
+}
+
+// On SQLite each batch waits for the write lock by polling rather than
+// through the busy handler, and gives its connection back to the pool with
+// the busy timeout it had: claims on it must still wait for the lock.
+func TestSQLiteBatchKeepsTheBusyTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, sqliteTarget)
+	b.db.SetMaxOpenConns(1) // the purge's connection is the claims' next one
+	b.seed(t, "billing", "old-", 10, 2*day)
+	n, err := b.purger(t, purge.Config{Retention: day}).PurgeOnce(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 10, n)
+	var ms int64
+	require.NoError(t, b.db.QueryRow(`PRAGMA busy_timeout`).Scan(&ms))
+	require.Equal(t, sqlinbox.DefaultSQLiteBusyTimeout.Milliseconds(), ms)
 }

@@ -33,7 +33,7 @@ func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableChec
 		partitioned = kind == "p"
 		partKey = strings.TrimSuffix(strings.TrimPrefix(partKey, "RANGE ("), ")")
 	}
-	cols, err := m.columns(ctx, q)
+	cols, err := columns(ctx, m.s.db, q)
 	if err != nil {
 		return maintenance.TableCheck{}, m.fail(doing, err)
 	}
@@ -110,8 +110,8 @@ func (m maintainer) layoutFinding(partitioned bool, key string) maintenance.Find
 // column is a column's name and type.
 type column struct{ name, typ string }
 
-func (m maintainer) columns(ctx context.Context, q maintenanceQueries) ([]column, error) {
-	rows, err := m.s.db.QueryContext(ctx, q.columns)
+func columns(ctx context.Context, db queryer, q maintenanceQueries) ([]column, error) {
+	rows, err := db.QueryContext(ctx, q.columns)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func (m maintainer) AddFingerprintColumn(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	cols, err := m.columns(ctx, q)
+	cols, err := columns(ctx, m.s.db, q)
 	if err != nil {
 		return false, m.fail(doing, err)
 	}

@@ -61,6 +61,7 @@ func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
 		Fingerprint: s.q.fingerprint,
 		Classify:    s.dialect.classify,
 		Verify:      verify,
+		TxWrites:    s.txWritesSQL(),
 	}
 }
 

@@ -46,6 +46,9 @@ type purgeQueries struct {
 	// adapt, when set, adjusts the queries to the server behind the
 	// session's connection (MySQL or MariaDB), once per session.
 	adapt func(ctx context.Context, conn *sql.Conn, q *purgeQueries) error
+	// waitForBatch, when set, runs each batch's attempt on conn, waiting
+	// for the write lock its own way (SQLite, purge_sqlite.go).
+	waitForBatch func(ctx context.Context, conn *sql.Conn, attempt func() (int64, error)) (int64, error)
 }
 
 // scopeShape is what of a maintenance.PurgeScope changes the SQL text.
@@ -174,6 +177,14 @@ func (p *purgeSession) DeleteBatch(ctx context.Context, scope maintenance.PurgeS
 	if limit <= 0 {
 		return 0, fmt.Errorf("sqlinbox: purge batch size must be positive, got %d", limit)
 	}
+	attempt := func() (int64, error) { return p.deleteBatch(ctx, scope, limit, timeout) }
+	if p.q.waitForBatch != nil {
+		return p.q.waitForBatch(ctx, p.conn, attempt)
+	}
+	return attempt()
+}
+
+func (p *purgeSession) deleteBatch(ctx context.Context, scope maintenance.PurgeScope, limit int, timeout time.Duration) (int64, error) {
 	tx, err := p.conn.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, p.fail(ctx, "purging", err)

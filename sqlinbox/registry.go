@@ -97,7 +97,7 @@ func (s *Store) registryErr(ctx context.Context, err error) error {
 	if !ok {
 		return err
 	}
-	cols, cerr := maintainer{s}.columns(ctx, md.maintenanceQueries(s.table.derived(registrySuffix), s.config))
+	cols, cerr := columns(ctx, s.db, md.maintenanceQueries(s.table.derived(registrySuffix), s.config))
 	if cerr == nil && len(cols) == 0 {
 		return fmt.Errorf("%w: %s; run Store.CreateSchema, or apply the CREATE TABLE %s statement of Store.SchemaSQL (%w)", inbox.ErrNoConsumerRegistry, s.RegistryTable(), s.RegistryTable(), err)
 	}

@@ -65,8 +65,12 @@ func checkPurgeFlags(c purge.Config, m maintenance.Store, partitioning string) e
 			return err
 		}
 	}
-	if c.BatchSize < purge.MinBatchSize {
+	// 0 is the dialect's default; an explicit -batch 0 was refused already.
+	if c.BatchSize != 0 && c.BatchSize < purge.MinBatchSize {
 		return usage("-batch %d is below %d, the smallest batch", c.BatchSize, purge.MinBatchSize)
+	}
+	if c.BatchSize > purge.MaxBatchSize {
+		return usage("-batch %d is above %d, the largest batch: one DELETE that large holds its locks, and the claims waiting behind them, for as long as it runs", c.BatchSize, purge.MaxBatchSize)
 	}
 	for _, f := range []struct {
 		flag     string

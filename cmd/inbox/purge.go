@@ -30,7 +30,7 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	var (
 		minRetention = durationFlag{d: purge.DefaultMinRetention}
 		allowShort   = fs.Bool("allow-short-retention", false, "accept a retention below -min-retention")
-		batch        = fs.Int("batch", purge.DefaultBatchSize, "most rows one DELETE removes")
+		batch        = fs.Int("batch", 0, fmt.Sprintf("most rows one DELETE removes, %d to %d (default %d, on SQLite %d)", purge.MinBatchSize, purge.MaxBatchSize, purge.DefaultBatchSize, purge.DefaultSQLiteBatchSize))
 		timeout      = fs.Duration("statement-timeout", purge.DefaultStatementTimeout, "time limit of one DELETE; a timeout halves the batch")
 		ahead        = fs.Int("partitions-ahead", purge.DefaultPartitionsAhead, "future partitions to keep ready (partitioned tables)")
 		loop         = fs.Bool("loop", false, "purge every -interval until interrupted, instead of once")
@@ -46,6 +46,9 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	}
 	if *loop && *dryRun {
 		return usage("-dry-run and -loop exclude each other")
+	}
+	if err := refuseZeros(fs, zeroPurgeFlags); err != nil {
+		return err
 	}
 	store, sqlDB, err := db.store()
 	if err != nil {
@@ -133,4 +136,26 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	}
 	fmt.Fprintf(stdout, "removed %d rows from %s in %s\n", n, store.Table(), time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// zeroPurgeFlags say why each flag of inbox purge refuses zero, which
+// purge.Config would read as its default.
+var zeroPurgeFlags = map[string]string{
+	"batch":             fmt.Sprintf("a batch of no rows purges nothing; give %d to %d (default %d, on SQLite %d)", purge.MinBatchSize, purge.MaxBatchSize, purge.DefaultBatchSize, purge.DefaultSQLiteBatchSize),
+	"min-retention":     "a floor of zero would let any retention through; to purge below the floor, give -allow-short-retention",
+	"statement-timeout": "a DELETE needs a time limit; give a positive duration (default " + purge.DefaultStatementTimeout.String() + ")",
+	"interval":          "rounds back to back would never pause; give a positive duration (default " + purge.DefaultInterval.String() + ")",
+	"partitions-ahead":  fmt.Sprintf("a round keeps at least the next partition ready; give 1 or more (default %d)", purge.DefaultPartitionsAhead),
+}
+
+// refuseZeros refuses a flag of reasons set to zero on the command line,
+// with its reason.
+func refuseZeros(fs *flag.FlagSet, reasons map[string]string) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if reason, ok := reasons[f.Name]; ok && err == nil && (f.Value.String() == "0" || f.Value.String() == "0s") {
+			err = usage("-%s %s: %s", f.Name, f.Value, reason)
+		}
+	})
+	return err
 }

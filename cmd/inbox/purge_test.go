@@ -244,6 +244,55 @@ func TestPurgePartitioned(t *testing.T) {
 	require.Empty(t, f.rows(t))
 }
 
+// A table whose times the purge would compare wrongly is refused by the
+// command as by the package, dry run included, before any row goes, with
+// what to do: here SQLite rows written by datetime('now'), 90 minutes
+// old, which a 2-hour purge used to delete.
+func TestPurgeRefusesForeignTimes(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlite)
+	f.seed(t, "billing", 3*time.Hour, "old")
+	_, err := f.db.Exec(`INSERT INTO ` + f.table + ` (consumer, event_id, processed_at) VALUES ('billing', 'text', datetime('now', '-90 minutes'))`)
+	require.NoError(t, err)
+	for _, args := range [][]string{{"-dry-run"}, {}} {
+		code, _, errOut := f.run(t, "purge", append([]string{"-retention", "2h", "-allow-short-retention"}, args...)...)
+		require.Equal(t, exitFailed, code, errOut)
+		require.Contains(t, errOut, "the purge refuses this table: 1 row has a processed_at the purge cannot compare, such as \"20")
+		require.Contains(t, errOut, "Migrate the rows SQLite can read")
+	}
+	require.Equal(t, map[string]int{"billing": 2}, f.rows(t))
+}
+
+// Flags mean what they say: zero, which purge.Config would read as its
+// default (-min-retention 0s used to mean 24 h, -batch 0 5,000 rows), and
+// a batch above purge.MaxBatchSize (-batch 9999999999 was one unbounded
+// DELETE on MariaDB) exit 2, saying why, and delete nothing.
+func TestPurgeFlagValues(t *testing.T) {
+	t.Parallel()
+	f := purgeFixture(t, mariadb)
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"-min-retention", "0s"}, "-min-retention 0s: a floor of zero would let any retention through; to purge below the floor, give -allow-short-retention"},
+		{[]string{"-min-retention", "0d"}, "-min-retention 0s: a floor of zero"},
+		{[]string{"-batch", "0"}, "-batch 0: a batch of no rows purges nothing; give 100 to 50000 (default 5000, on SQLite 1000)"},
+		{[]string{"-batch", "99"}, "-batch 99 is below 100, the smallest batch"},
+		{[]string{"-batch", "9999999999"}, "-batch 9999999999 is above 50000, the largest batch: one DELETE that large holds its locks"},
+		{[]string{"-statement-timeout", "0s"}, "-statement-timeout 0s: a DELETE needs a time limit"},
+		{[]string{"-interval", "0s", "-loop"}, "-interval 0s: rounds back to back would never pause"},
+		{[]string{"-partitions-ahead", "0"}, "-partitions-ahead 0: a round keeps at least the next partition ready"},
+	} {
+		code, _, errOut := f.run(t, "purge", append([]string{"-retention", "2d"}, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errOut)
+		require.Contains(t, errOut, tc.err, "%v", tc.args)
+	}
+	require.Equal(t, map[string]int{"billing": 42, "mailer": 5}, f.rows(t))
+	code, out, errOut := f.run(t, "purge", "-retention", "2d", "-batch", "50000", "-min-retention", "1h")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "removed 45 rows")
+}
+
 // The command's errors name its flags, never the Go configuration fields
 // they fill (AllowShortRetention, BatchSize...): its user has only the
 // flags.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,6 +106,8 @@ func Run(t *testing.T, target Target) {
 		{"ClaimTimeout", testClaimTimeout},
 		{"AfterCommitHooks", testAfterCommitHooks},
 		{"AfterCommitHookPanics", testAfterCommitHookPanics},
+		{"ObserverPanics", testObserverPanics},
+		{"ProducedPublisherTx", testProducedPublisherTx},
 		{"AfterCommitAfterTheHandler", testAfterCommitAfterTheHandler},
 		{"ContextRestored", testContextRestored},
 		{"UUIDEventIDs", testUUIDEventIDs},
@@ -155,14 +158,26 @@ func setup(t *testing.T, target Target, mutate ...func(*sqlinbox.Config)) *bundl
 	require.NoError(t, store.CreateSchema(context.Background()))
 	t.Cleanup(func() { _ = store.Close() })
 
-	effects := testdb.Table(t, db, "effects")
-	text := target.TextColumn
+	b := &bundle{target: target, db: db, store: store, config: cfg, attempts: map[string]int{}}
+	b.effects = b.table(t, "effects", "consumer", "event_id")
+	return b
+}
+
+// table creates a business table of text columns and returns its name.
+func (b *bundle) table(t testing.TB, prefix string, columns ...string) string {
+	t.Helper()
+	name := testdb.Table(t, b.db, prefix)
+	text := b.target.TextColumn
 	if text == "" {
 		text = "VARCHAR(255)"
 	}
-	_, err = db.Exec(fmt.Sprintf(`CREATE TABLE %s (consumer %s NOT NULL, event_id %s NOT NULL)`, effects, text, text))
+	defs := make([]string, len(columns))
+	for i, c := range columns {
+		defs[i] = c + " " + text + " NOT NULL"
+	}
+	_, err := b.db.Exec(fmt.Sprintf(`CREATE TABLE %s (%s)`, name, strings.Join(defs, ", ")))
 	require.NoError(t, err)
-	return &bundle{target: target, db: db, store: store, config: cfg, effects: effects, attempts: map[string]int{}}
+	return name
 }
 
 func (b *bundle) middleware(t testing.TB, cfg inbox.Config) message.HandlerMiddleware {

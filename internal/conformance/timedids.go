@@ -51,6 +51,13 @@ func (s timedIDs) CheckFingerprints() error {
 	return nil
 }
 
+func (s timedIDs) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, bool, error) {
+	if c, ok := s.store.(inbox.TxWriteCounter); ok {
+		return c.CountTxWrites(ctx, tx)
+	}
+	return 0, false, nil
+}
+
 func (s timedIDs) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
 	return s.store.(inbox.ConsumerRegistry).RegisterConsumer(ctx, consumer, service)
 }

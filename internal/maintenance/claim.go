@@ -30,4 +30,8 @@ type ClaimSQL struct {
 	// Verify checks, before the first claim, that the table is the one the
 	// configuration describes.
 	Verify func(ctx context.Context) error
+	// TxWrites returns rows whose last columns, added up, count the rows
+	// the current transaction has written, for inbox.TxWriteCounter; ""
+	// when the database cannot count them.
+	TxWrites string
 }

@@ -90,4 +90,8 @@ type Limits struct {
 	// LockTimeout bounds the lockTimeout of PurgeSession.CreatePartitions
 	// and DropPartition: PostgreSQL's lock_timeout.
 	LockTimeout time.Duration
+	// OneWriter: the database lets one writer at a time (SQLite), so every
+	// claim waits behind a purge batch, not only those of its rows; the
+	// purge's default batch is smaller there.
+	OneWriter bool
 }

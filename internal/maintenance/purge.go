@@ -12,6 +12,11 @@ import (
 // was deleted. Package purge answers it with a smaller batch.
 var ErrPurgeTimeout = errors.New("purge statement timed out")
 
+// ErrTableMismatch means PurgeSession.CheckTable found the table in a shape
+// the purge cannot compare times in: the wrong type for its time column, or
+// (SQLite) rows whose time is text in another form. Nothing was deleted.
+var ErrTableMismatch = errors.New("the purge refuses this table")
+
 // PurgeScope selects the rows one purge pass removes: those whose
 // processed_at is more than OlderThan before the database's clock (never the
 // application's, so instances with skewed clocks agree), for one consumer or
@@ -34,6 +39,15 @@ type PurgeScope struct {
 // The partition methods are for a partitioned table (Store.Partitioned);
 // on a plain one they fail.
 type PurgeSession interface {
+	// CheckTable verifies, before anything is deleted, that the purge
+	// compares the table's times correctly: the time column's type
+	// (PostgreSQL timestamptz, MySQL DATETIME(6)), and on SQLite that every
+	// row's time is text in the one form that sorts as time. A table that
+	// fails returns an error wrapping ErrTableMismatch that says what is
+	// wrong and how to migrate. It reads the catalog (on SQLite the
+	// processed_at index, once through), so the purge runs it once.
+	CheckTable(ctx context.Context) error
+
 	// DeleteBatch deletes at most limit rows of scope, oldest first, in one
 	// transaction, and returns how many it deleted. A statement running
 	// longer than timeout (0: no limit) is cancelled by the database and

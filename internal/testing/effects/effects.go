@@ -17,6 +17,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
@@ -282,6 +283,39 @@ func (DiscardPublisher) Publish(topic string, msgs ...*message.Message) error {
 
 // Close does nothing.
 func (DiscardPublisher) Close() error { return nil }
+
+// InvoiceTwice runs a router with one handler behind mw that returns one
+// invoice message, to the topic invoices, per order, delivers one order
+// twice, and returns once both deliveries are through: the examples'
+// stand-in for a service whose produced messages go to an outbox.
+func InvoiceTwice(ctx context.Context, mw message.HandlerMiddleware, invoices string) error {
+	router, err := message.NewRouter(message.RouterConfig{}, nil)
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{}, 2)
+	router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			defer func() { done <- struct{}{} }()
+			return h(msg)
+		}
+	}, mw)
+	orders := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	router.AddHandler("billing", "orders", orders, invoices, DiscardPublisher{},
+		func(msg *message.Message) ([]*message.Message, error) {
+			return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{"invoice":1}`))}, nil
+		})
+	ran := make(chan error, 1)
+	go func() { ran <- router.Run(ctx) }()
+	<-router.Running()
+	order := message.NewMessage(watermill.NewUUID(), []byte(`{"order":1}`))
+	if err := orders.Publish("orders", order, order.Copy()); err != nil {
+		return err
+	}
+	<-done
+	<-done
+	return errors.Join(router.Close(), <-ran)
+}
 
 // NackAfterCommit returns a middleware for outside the inbox that fails the
 // first delivery of every n-th message after the inbox committed it, as a

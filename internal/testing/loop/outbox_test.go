@@ -192,28 +192,7 @@ func Example_producedPublisherWatermillSQLv3() {
 		},
 	})
 	check(err)
-	router, err := message.NewRouter(message.RouterConfig{}, nil)
-	check(err)
-	done := make(chan struct{}, 2)
-	router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			defer func() { done <- struct{}{} }()
-			return h(msg)
-		}
-	}, mw)
-	orders := gochannel.NewGoChannel(gochannel.Config{}, nil)
-	router.AddHandler("billing", "orders", orders, invoices, effects.DiscardPublisher{},
-		func(msg *message.Message) ([]*message.Message, error) {
-			return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{"invoice":1}`))}, nil
-		})
-	go func() { check(router.Run(ctx)) }()
-	<-router.Running()
-
-	order := message.NewMessage(watermill.NewUUID(), []byte(`{"order":1}`))
-	check(orders.Publish("orders", order, order.Copy())) // delivered twice
-	<-done
-	<-done
-	check(router.Close())
+	check(effects.InvoiceTwice(ctx, mw, invoices)) // one order, delivered twice
 
 	var rows int
 	check(db.QueryRow(`SELECT count(*) FROM "watermill_` + invoices + `"`).Scan(&rows))

@@ -24,27 +24,11 @@ import (
 func TestOutboxThroughTxFromPgx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testdb.PostgresDSN())
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	table := testdb.Name("inbox")
-	store, err := pgxinbox.NewStore(pool, sqlinbox.Config{Table: table})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateSchema(ctx))
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	pool := testPool(t)
+	store, table, topic := pgxOutbox(t, pool)
+	schema := wsql.DefaultPostgreSQLSchema{}
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 	require.NoError(t, err)
-
-	topic := testdb.Name("out")
-	schema := wsql.DefaultPostgreSQLSchema{}
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
-		SchemaAdapter: schema, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}, InitializeSchema: true,
-	}, nil)
-	require.NoError(t, err)
-	require.NoError(t, sub.SubscribeInitialize(topic))
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS %s, "watermill_offsets_%s"`, schema.MessagesTable(topic), topic))
-	})
 	count := func(query string, args ...any) int {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, query, args...).Scan(&n))
@@ -75,4 +59,67 @@ func TestOutboxThroughTxFromPgx(t *testing.T) {
 	require.Equal(t, 2, attempt, "the third delivery is a duplicate")
 	require.Equal(t, 1, count("SELECT count(*) FROM "+schema.MessagesTable(topic)))
 	require.Equal(t, 1, count("SELECT count(*) FROM "+table+" WHERE event_id = $1", "order-1"))
+}
+
+// On a native pgx store, a watermill-sql v4 ProducedPublisher built on the
+// pool (wsql.BeginnerFromPgx) is refused before it writes; one built on the
+// inbox transaction (wsql.TxFromPgx) writes the produced message once.
+func TestProducedPublisherOnThePgxPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testPool(t)
+	schema := wsql.DefaultPostgreSQLSchema{}
+	for _, onTx := range []bool{true, false} {
+		store, _, topic := pgxOutbox(t, pool)
+		mw, err := inbox.NewMiddleware(inbox.Config{Store: store, ProducedPublisher: func(ctx context.Context) (message.Publisher, error) {
+			if !onTx {
+				return wsql.NewPublisher(wsql.BeginnerFromPgx(pool), wsql.PublisherConfig{SchemaAdapter: schema}, nil)
+			}
+			tx, _ := pgxinbox.TxFromContext(ctx)
+			return wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: schema}, nil)
+		}})
+		require.NoError(t, err)
+		results := twoAttempts(t, mw, topic, func(*message.Message) ([]*message.Message, error) {
+			return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{}`))}, nil
+		})
+		var rows int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema.MessagesTable(topic)).Scan(&rows))
+		if onTx {
+			require.NoError(t, results[0])
+			require.Equal(t, 1, rows)
+			continue
+		}
+		require.ErrorIs(t, results[0], inbox.ErrMiswired)
+		require.ErrorContains(t, results[0], "holds a *pgxpool.Pool and not the inbox transaction")
+		require.Zero(t, rows)
+	}
+}
+
+func testPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), testdb.PostgresDSN())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// pgxOutbox creates, on pool, an inbox table with its native pgx store and
+// a watermill-sql v4 outbox topic, dropped when the test ends.
+func pgxOutbox(t *testing.T, pool *pgxpool.Pool) (store *pgxinbox.Store, table, topic string) {
+	t.Helper()
+	ctx := context.Background()
+	table, topic = testdb.Name("inbox"), testdb.Name("out")
+	store, err := pgxinbox.NewStore(pool, sqlinbox.Config{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(ctx))
+	schema := wsql.DefaultPostgreSQLSchema{}
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
+		SchemaAdapter: schema, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}, InitializeSchema: true,
+	}, nil)
+	require.NoError(t, err)
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, "watermill_offsets_%s"`, table, schema.MessagesTable(topic), topic))
+	})
+	return store, table, topic
 }

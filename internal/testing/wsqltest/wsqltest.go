@@ -187,6 +187,20 @@ func (r *Rig) Publisher(t testing.TB) message.Publisher {
 	return pub
 }
 
+// TxPublisher publishes to the topic inside tx: the construction an
+// inbox.Config.ProducedPublisher needs.
+func (r *Rig) TxPublisher(tx *sql.Tx) (message.Publisher, error) {
+	switch {
+	case r.Version == 3 && r.MySQL:
+		return wsqlv3.NewPublisher(tx, wsqlv3.PublisherConfig{SchemaAdapter: wsqlv3.DefaultMySQLSchema{}}, nil)
+	case r.Version == 3:
+		return wsqlv3.NewPublisher(tx, wsqlv3.PublisherConfig{SchemaAdapter: wsqlv3.DefaultPostgreSQLSchema{}}, nil)
+	case r.MySQL:
+		return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultMySQLSchema{}}, nil)
+	}
+	return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nil)
+}
+
 // Subscriber is SubscriberWith watermill-sql's default AckDeadline. Give it
 // to a router, which closes it (closing a v3 subscriber twice is a data
 // race).
@@ -275,6 +289,14 @@ func (r *Rig) PublishCopies(t testing.TB, events, copies int) []string {
 		require.NoError(t, pub.Publish(r.Topic, msgs...))
 	}
 	return ids
+}
+
+// Rows counts the topic's messages.
+func (r *Rig) Rows(t testing.TB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, r.DB.QueryRow(`SELECT COUNT(*) FROM `+r.MessagesTable()).Scan(&n))
+	return n
 }
 
 // Drained reports whether the consumer group has acked the topic's last

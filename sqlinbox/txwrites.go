@@ -1,0 +1,102 @@
+package sqlinbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+
+	inbox "github.com/watermill-inbox/inbox"
+)
+
+var _ inbox.TxWriteCounter = (*Store)(nil)
+
+// txWritesDialect is what a dialect offers to count the rows a
+// transaction wrote, for inbox.TxWriteCounter.
+type txWritesDialect interface {
+	// txWrites returns rows whose last columns, added up, count the rows
+	// the current transaction (MySQL, SQLite: connection) has written, the
+	// claim's included; NULL or no row when the database cannot tell.
+	txWrites() string
+}
+
+// PostgreSQL keeps each table's row counts of the current transaction in
+// the backend's statistics until it ends; track_counts off leaves them at
+// zero, which the middleware takes for "cannot tell" (the claim's own row
+// is missing). A scan of the catalog, run once per consumer.
+func (postgresql) txWrites() string {
+	return `SELECT COALESCE(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint FROM pg_stat_xact_user_tables`
+}
+
+// The session's handler counters count the rows its statements wrote;
+// the transaction holds the session's connection. No privilege needed,
+// unlike information_schema.innodb_trx, whose cache also refreshes only
+// every 100 ms. SHOW, because MariaDB and MySQL 8 keep the counters in
+// different tables.
+func (mysqlDialect) txWrites() string {
+	return `SHOW SESSION STATUS WHERE Variable_name IN ('Handler_write', 'Handler_update', 'Handler_delete')`
+}
+
+// total_changes counts the rows the connection changed since it opened;
+// the transaction holds the connection, so the difference is its own.
+func (sqlite) txWrites() string { return `SELECT total_changes()` }
+
+// CountTxWrites implements [inbox.TxWriteCounter] on a transaction of this
+// store: the middleware calls it around the first in-transaction publish of
+// each consumer, to check that inbox.Config.ProducedPublisher writes
+// through the transaction.
+func (s *Store) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, bool, error) {
+	t, ok := tx.(inbox.SQLTx)
+	d, counts := s.dialect.(txWritesDialect)
+	if !ok || !counts {
+		return 0, false, nil
+	}
+	n, ok, err := sumLastColumn(ctx, t.Tx, d.txWrites())
+	if err != nil {
+		return 0, false, fmt.Errorf("sqlinbox: counting the transaction's writes: %w", err)
+	}
+	return n, ok, nil
+}
+
+// sumLastColumn adds up the last column of query's rows, integers; ok is
+// false when there is no row or a NULL.
+func sumLastColumn(ctx context.Context, tx *sql.Tx, query string) (sum int64, ok bool, err error) {
+	rows, err := tx.QueryContext(ctx, query)
+	if err != nil {
+		return 0, false, err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return 0, false, err
+	}
+	dest := make([]any, len(cols))
+	for i := range dest {
+		dest[i] = new(sql.RawBytes)
+	}
+	for rows.Next() {
+		if err := rows.Scan(dest...); err != nil {
+			return 0, false, err
+		}
+		last := *dest[len(dest)-1].(*sql.RawBytes)
+		if last == nil {
+			return 0, false, rows.Err()
+		}
+		n, err := strconv.ParseInt(string(last), 10, 64)
+		if err != nil {
+			return 0, false, err
+		}
+		sum, ok = sum+n, true
+	}
+	return sum, ok, rows.Err()
+}
+
+// txWritesSQL returns the statement CountTxWrites runs, for a store that
+// sends it through another driver (maintenance.ClaimSQL), "" when the
+// dialect cannot count.
+func (s *Store) txWritesSQL() string {
+	if d, ok := s.dialect.(txWritesDialect); ok {
+		return d.txWrites()
+	}
+	return ""
+}
