@@ -38,14 +38,13 @@ func (postgresql) queries(t tableName, c Config) queries {
 		return q
 	}
 	q := queries{
-		schemaInTx: true,
-		schemaLock: pgSchemaLock(t),
 		schema: []string{
 			pgCreateTable(table, idType, fpCol, "consumer, event_id", ""),
 			// The purge deletes by age; without this index each batch would
 			// scan the table.
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
 		},
+		schemaObjects: []tableName{t, t.derived("processed_at_idx")},
 	}
 	q.claim, q.afterClaim = pgInsertClaim(c, table, cols, "$1::text, $2::"+idType+fpVal)
 	if c.Fingerprints {

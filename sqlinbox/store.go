@@ -15,10 +15,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/errtext"
@@ -85,6 +88,31 @@ type Config struct {
 	// claimed before have no fingerprint and never count as a reused id.
 	// Defaults to false: the claim writes two columns, as it always did.
 	Fingerprints bool
+
+	// TransactionPooling declares that the store reaches PostgreSQL through
+	// a proxy that pools server connections per transaction (PgBouncer's
+	// pool_mode = transaction before 1.21, or without
+	// max_prepared_statements; Supavisor, RDS Proxy, CloudNativePG's
+	// Pooler in transaction mode): the claim is then never prepared, since
+	// a prepared statement lives on one server connection and the next
+	// transaction may get another. The DSN needs settings of its own
+	// (lib/pq binary_parameters=yes; pgx default_query_exec_mode=exec):
+	// see docs/poolers.md. PostgreSQL only.
+	//
+	// Defaults to false: the claim is prepared once per connection, which
+	// saves lib/pq a round trip per message. A store that then finds its
+	// prepared claim lost (SQLSTATE 26000 or 42P05, which only such a
+	// proxy causes) claims unprepared from then on, saying so once through
+	// Logger, and retries that claim, losing nothing; until then, lib/pq's
+	// numbered statement names can make a claim run another program's
+	// statement of the same number, so set it behind a proxy.
+	TransactionPooling bool
+
+	// Logger receives what the store does on its own: partitions
+	// CreateSchema leaves to the purge, and a store that finds itself
+	// behind a transaction-pooling proxy (see TransactionPooling).
+	// Defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
 }
 
 // Store records inbox claims in one table. It implements inbox.Store. It does
@@ -129,6 +157,12 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	if limit, setting := config.Dialect.claimTimeoutLimit(); limit > 0 && config.ClaimTimeout > limit {
 		return nil, fmt.Errorf("sqlinbox: invalid config: ClaimTimeout %s is above %s, the longest %s takes", config.ClaimTimeout, limit, setting)
 	}
+	if config.TransactionPooling && config.Dialect != PostgreSQL {
+		return nil, fmt.Errorf("sqlinbox: invalid config: TransactionPooling is for PostgreSQL behind a transaction-pooling proxy, not %s", config.Dialect)
+	}
+	if config.Logger == nil {
+		config.Logger = watermill.NopLogger{}
+	}
 	if err := checkPartitioning(config); err != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
@@ -160,7 +194,11 @@ func (s *Store) Table() string { return s.table.String() }
 // CreateSchema leaves an existing table as it is: to turn Config.Fingerprints
 // on for a table made without it, run AddFingerprintColumnSQL once.
 func (s *Store) SchemaSQL() string {
-	return strings.Join(s.q.schema, ";\n\n") + ";\n"
+	stmts := s.q.schema
+	if s.q.schemaPartitions != "" {
+		stmts = append(slices.Clip(stmts), s.q.schemaPartitions)
+	}
+	return strings.Join(stmts, ";\n\n") + ";\n"
 }
 
 // AddFingerprintColumnSQL returns the statement that adds the fingerprint
@@ -175,9 +213,21 @@ func (s *Store) SchemaSQL() string {
 // Only PostgreSQL's form may run twice.
 func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
 
-// CreateSchema creates the inbox table and its index if they do not exist. It
-// is safe to call on every start, from several instances at once.
+// CreateSchema creates the inbox table and its index if they do not exist,
+// and on a partitioned table the partitions of the current period and the
+// SchemaPartitionsAhead next ones. It is safe to call on every start, from
+// several instances at once, while others claim and purge.
+//
+// On PostgreSQL it runs only the DDL of what is missing, and no statement
+// waits longer than SchemaLockTimeout for a table lock, so claims never
+// queue behind it for longer: a partition it cannot create in time, or
+// whose period's rows already went to the default partition, is left to
+// the purge and logged through Config.Logger; the index of an existing
+// table that lacks it fails with an error wrapping ErrLockTimeout.
 func (s *Store) CreateSchema(ctx context.Context) error {
+	if s.q.schemaObjects != nil {
+		return s.createSchemaPostgres(ctx)
+	}
 	if !s.q.schemaInTx {
 		for _, stmt := range s.q.schema {
 			if _, err := s.db.ExecContext(ctx, stmt); err != nil {
@@ -191,11 +241,7 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	stmts := s.q.schema
-	if s.q.schemaLock != "" {
-		stmts = append([]string{s.q.schemaLock}, stmts...)
-	}
-	for _, stmt := range stmts {
+	for _, stmt := range s.q.schema {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
 		}

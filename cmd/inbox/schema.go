@@ -116,11 +116,11 @@ var errMismatch = errors.New("the table does not match the configuration, and ap
 // as a purge round would. On a table just created it first lists those
 // CreateSchema made.
 func createPartitions(ctx context.Context, m maintenance.Store, ahead int, fresh bool, stdout io.Writer) error {
-	sess, ok, err := m.BeginPurge(ctx)
+	sess, busy, err := m.BeginPurge(ctx)
 	if err != nil {
 		return err
 	}
-	if !ok {
+	if busy != nil {
 		fmt.Fprintln(stdout, "a purge of the table is running; it creates the partitions ahead")
 		return nil
 	}
@@ -134,9 +134,12 @@ func createPartitions(ctx context.Context, m maintenance.Store, ahead int, fresh
 			fmt.Fprintf(stdout, "created partition %s\n", p.Name)
 		}
 	}
-	created, _, err := sess.CreatePartitions(ctx, ahead, purge.DefaultLockTimeout)
-	for _, p := range created {
+	parts, err := sess.CreatePartitions(ctx, ahead, purge.DefaultLockTimeout)
+	for _, p := range parts.Created {
 		fmt.Fprintf(stdout, "created partition %s\n", p.Name)
+	}
+	for _, p := range parts.TimedOut {
+		fmt.Fprintf(stdout, "partition %s not created: the table lock was not granted within %s; the purge creates it\n", p.Name, purge.DefaultLockTimeout)
 	}
 	return err
 }
