@@ -7,6 +7,8 @@
 # INBOX_TEST_REDIS_ADDR). Otherwise throwaway servers are started in a
 # temporary directory and removed at exit; as root, the Debian packages are
 # installed first when their binaries are missing.
+# PgBouncer is always started, in transaction pooling mode in front of
+# that PostgreSQL (INBOX_TEST_PGBOUNCER_DSN points at another).
 # INBOX_TEST_THROWAWAY=1 forces throwaway servers even when local ones answer.
 # ./test.sh --install only installs the missing packages (CI does it before it
 # cuts the network off).
@@ -57,6 +59,7 @@ install_promtool() {
 # missing, and promtool.
 install_missing() {
 	[ -n "$(pg_bin)" ] || apt_install postgresql INBOX_TEST_POSTGRES_DSN
+	has pgbouncer || apt_install pgbouncer INBOX_TEST_PGBOUNCER_DSN
 	has mariadbd || apt_install mariadb-server INBOX_TEST_MYSQL_DSN
 	[ -x "$rabbitmq_bin" ] || apt_install rabbitmq-server INBOX_TEST_AMQP_URL
 	has nats-server || apt_install nats-server INBOX_TEST_NATS_URL
@@ -128,6 +131,67 @@ start_postgres() {
 	"$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qc 'CREATE DATABASE test' >/dev/null
 	export INBOX_TEST_POSTGRES_DSN="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
 	log "started a throwaway PostgreSQL on 127.0.0.1:$port in $(($(now_ms) - t0)) ms"
+}
+
+# start_pgbouncer starts PgBouncer in transaction pooling mode in front of
+# the PostgreSQL of INBOX_TEST_POSTGRES_DSN (a postgres:// URL), the way
+# production services reach PostgreSQL: no machine runs one for the tests.
+# server_round_robin hands consecutive transactions of one client to
+# different server connections of a warm pool, which is what breaks
+# session state. It runs as the postgres user (it refuses root).
+start_pgbouncer() {
+	has pgbouncer || apt_install pgbouncer INBOX_TEST_PGBOUNCER_DSN
+	local bin dir=$work/pgbouncer port=26431 owner=postgres hostport t0 up=
+	bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+	t0=$(now_ms)
+	hostport=${INBOX_TEST_POSTGRES_DSN#postgres://*@}
+	hostport=${hostport%%/*}
+	case "$hostport" in
+	*:*) ;;
+	*)
+		log "cannot put PgBouncer in front of INBOX_TEST_POSTGRES_DSN (not a postgres://user@host:port/... URL): set INBOX_TEST_PGBOUNCER_DSN"
+		exit 1
+		;;
+	esac
+	mkdir -p "$dir"
+	echo '"postgres" ""' >"$dir/users"
+	if [ "$(id -u)" = 0 ]; then chown -R postgres "$dir"; else owner=$(id -un); fi
+	for _ in 1 2 3 4 5; do # another program may take the port first
+		port=$(free_port $((port + 1)))
+		cat >"$dir/pgbouncer.ini" <<-EOF
+			[databases]
+			test = host=${hostport%:*} port=${hostport##*:} dbname=test user=postgres
+			[pgbouncer]
+			listen_addr = 127.0.0.1
+			listen_port = $port
+			unix_socket_dir =
+			auth_type = trust
+			auth_file = $dir/users
+			pool_mode = transaction
+			server_round_robin = 1
+			default_pool_size = 20
+			max_client_conn = 2000
+			ignore_startup_parameters = extra_float_digits
+			logfile = $dir/log
+			pidfile = $dir/pid
+		EOF
+		if (ulimit -n 4096 2>/dev/null || true; as_owner "$owner" "$bin" -d -q "$dir/pgbouncer.ini") 2>>"$dir/start.log"; then
+			for _ in $(seq 1 100); do
+				if answers 127.0.0.1 "$port"; then up=1; break; fi
+				sleep 0.05
+			done
+		fi
+		[ -z "$up" ] || break
+		[ ! -f "$dir/pid" ] || kill "$(cat "$dir/pid")" 2>/dev/null || true
+	done
+	if [ -z "$up" ]; then
+		log "could not start PgBouncer; its log:"
+		cat "$dir/start.log" "$dir/log" >&2 2>/dev/null || true
+		exit 1
+	fi
+	stops+=("kill $(cat "$dir/pid")")
+	export INBOX_TEST_PGBOUNCER_DSN="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
+	log "started $("$bin" --version | head -n 1) in transaction pooling mode on 127.0.0.1:$port in $(($(now_ms) - t0)) ms"
 }
 
 start_mariadb() {
@@ -276,6 +340,7 @@ if [ -z "${INBOX_TEST_POSTGRES_DSN:-}" ]; then
 		start_postgres
 	fi
 fi
+[ -n "${INBOX_TEST_PGBOUNCER_DSN:-}" ] || start_pgbouncer
 if [ -z "${INBOX_TEST_MYSQL_DSN:-}" ]; then
 	if [ "${INBOX_TEST_THROWAWAY:-}" != 1 ] && answers 127.0.0.1 3306; then
 		export INBOX_TEST_MYSQL_DSN="root@tcp(127.0.0.1:3306)/test"

@@ -57,6 +57,9 @@ func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
 	if config.Dialect != sqlinbox.PostgreSQL {
 		return nil, fmt.Errorf("pgxinbox: invalid config: pgx speaks PostgreSQL, not %s", config.Dialect)
 	}
+	if mode := pool.Config().ConnConfig.DefaultQueryExecMode; config.TransactionPooling && !poolerSafe(mode) {
+		return nil, fmt.Errorf("pgxinbox: invalid config: TransactionPooling is set, but the pool's default query exec mode (%s) relies on the server connection of one statement serving the next, which a transaction-pooling proxy does not give: add default_query_exec_mode=exec to the DSN (or set ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec), see docs/poolers.md", mode)
+	}
 	db := stdlib.OpenDBFromPool(pool)
 	s, err := sqlinbox.New(db, config)
 	if err != nil {
@@ -220,6 +223,19 @@ func (s *Store) verify(ctx context.Context) error {
 		return nil
 	}
 	return s.claim.Verify(ctx)
+}
+
+// poolerSafe reports whether pgx's exec mode sends each statement in one
+// go, without a named prepared statement: cache_statement prepares named
+// statements, describe_exec describes the unnamed statement in one round
+// trip and runs it in the next, and behind a transaction-pooling proxy
+// each may reach another server connection.
+func poolerSafe(mode pgx.QueryExecMode) bool {
+	switch mode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheDescribe:
+		return true
+	}
+	return false
 }
 
 // txOptions maps database/sql transaction options ([inbox.Config].TxOptions)

@@ -201,7 +201,7 @@ func checkLayout(ctx context.Context, db rowQuerier, t tableName, c Config) erro
 		return nil // no table yet: preparing the claim reports it
 	}
 	if err != nil {
-		return fmt.Errorf("sqlinbox: checking the layout of %s: %w", t, err)
+		return fmt.Errorf("sqlinbox: checking the layout of %s: %w", t, PostgreSQL.classify(err))
 	}
 	partitioned := kind.String == "p"
 	if partitioned != (c.Partitioning != NoPartitioning) {

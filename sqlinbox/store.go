@@ -124,8 +124,12 @@ type Store struct {
 	config  Config
 	q       queries
 
-	mu       sync.Mutex // serialises preparing claimSQL
+	mu       sync.Mutex // serialises preparing claimSQL and the layout check
 	claimSQL atomic.Pointer[sql.Stmt]
+	verified atomic.Bool // set by the first claim that succeeds
+	// unprepared sends the claim as a plain statement: under
+	// Config.TransactionPooling, or once a pooler lost the prepared one.
+	unprepared atomic.Bool
 }
 
 var (
@@ -170,13 +174,15 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	if q.configErr != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", q.configErr)
 	}
-	return &Store{
+	s := &Store{
 		db:      db,
 		dialect: config.Dialect,
 		table:   t,
 		config:  config,
 		q:       q,
-	}, nil
+	}
+	s.unprepared.Store(config.TransactionPooling)
+	return s, nil
 }
 
 // DB returns the database the store writes to.
@@ -254,7 +260,9 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 
 // Claim implements [inbox.Store]: BEGIN, then the claim as the
 // transaction's first statement. The claim is a prepared statement, so after
-// the first use on a connection it costs one round trip on every driver.
+// the first use on a connection it costs one round trip on every driver;
+// under Config.TransactionPooling it is sent unprepared (one round trip with
+// the DSN settings that setting needs).
 //
 // For a duplicate with a fingerprint it reads the original's in the claim's
 // transaction, which by then sees the committed row the claim found (a
@@ -267,15 +275,42 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 			return nil, nil, err
 		}
 	}
-	stmt, err := s.claimStmt(ctx)
-	if err != nil {
-		return nil, nil, err
+	if !s.verified.Load() {
+		if err := s.verify(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
+	var stmt *sql.Stmt
+	if !s.unprepared.Load() {
+		var err error
+		switch stmt, err = s.claimStmt(ctx); {
+		case lostPrepared(err):
+			s.claimUnprepared(err)
+			stmt = nil
+		case err != nil:
+			return nil, nil, err
+		default: // the table exists, and was checked
+			s.verified.Store(true)
+		}
 	}
 	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, nil, s.dialect.classify(err)
 	}
 	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID, fingerprint)
+	if stmt != nil && lostPrepared(err) {
+		// The statement failed before it ran: nothing was claimed, and
+		// the same claim, unprepared, in a new transaction, is the first.
+		_ = tx.Rollback()
+		s.claimUnprepared(err)
+		if tx, err = s.db.BeginTx(ctx, opts); err != nil {
+			return nil, nil, s.dialect.classify(err)
+		}
+		claimed, err = s.claim(ctx, tx, nil, consumer, eventID, fingerprint)
+	}
+	if err == nil && !s.verified.Load() {
+		s.verified.Store(true)
+	}
 	if err == nil && claimed {
 		return inbox.SQLTx{Tx: tx}, nil, nil
 	}
@@ -319,8 +354,9 @@ func (s *Store) CheckFingerprints() error {
 	return nil
 }
 
-// claim runs the claim statement; fingerprint is its third parameter when
-// Config.Fingerprints is set (nil stores NULL).
+// claim runs the claim statement, prepared as stmt or, when stmt is nil,
+// unprepared; fingerprint is its third parameter when Config.Fingerprints
+// is set (nil stores NULL).
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string, fingerprint []byte) (bool, error) {
 	if s.q.beforeClaim != "" {
 		var result string
@@ -335,15 +371,20 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 		res sql.Result
 		err error
 	)
-	if !s.q.idTime && !s.config.Fingerprints {
+	switch {
+	case stmt != nil && !s.q.idTime && !s.config.Fingerprints:
 		// The common case without building a slice: one allocation less.
 		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, consumer, eventID)
-	} else {
+	default:
 		var args []any
 		if args, err = s.claimArgs(consumer, eventID, fingerprint); err != nil {
 			return false, err
 		}
-		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
+		if stmt != nil {
+			res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
+		} else {
+			res, err = tx.ExecContext(ctx, s.q.claim, args...)
+		}
 	}
 	if err != nil {
 		return false, s.dialect.classify(err)
@@ -382,6 +423,20 @@ func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, 
 	return args, nil
 }
 
+// verify runs the dialect's check of the table until a claim succeeds, so
+// that a store created before its table checks the table once it exists.
+func (s *Store) verify(ctx context.Context) error {
+	if s.q.verify == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.verified.Load() {
+		return nil
+	}
+	return s.q.verify(ctx, s.db, s.q)
+}
+
 // claimStmt prepares the claim once per Store (database/sql then prepares it
 // once per connection). A failure is not cached: the next message retries,
 // so a store created before its table works once the table exists.
@@ -394,17 +449,38 @@ func (s *Store) claimStmt(ctx context.Context) (*sql.Stmt, error) {
 	if stmt := s.claimSQL.Load(); stmt != nil {
 		return stmt, nil
 	}
-	if s.q.verify != nil {
-		if err := s.q.verify(ctx, s.db, s.q); err != nil {
-			return nil, err
-		}
-	}
 	stmt, err := s.db.PrepareContext(ctx, s.q.claim)
 	if err != nil {
-		return nil, fmt.Errorf("sqlinbox: preparing the claim on %s (did CreateSchema run?): %w", s.table, s.dialect.classify(err))
+		return nil, fmt.Errorf("sqlinbox: preparing the claim on %s: %w", s.table, s.dialect.classify(err))
 	}
 	s.claimSQL.Store(stmt)
 	return stmt, nil
+}
+
+// lostPrepared reports whether err is PostgreSQL not finding a prepared
+// statement on the connection that prepared it, or finding one of the same
+// name there already: both mean that a proxy gave this client another
+// server connection than the one the statement lives on (a
+// transaction-pooling proxy), not a problem of the table.
+func lostPrepared(err error) bool {
+	switch pgCode(err) {
+	case "26000", // invalid_sql_statement_name
+		"42P05": // duplicate_prepared_statement
+		return true
+	}
+	return false
+}
+
+// claimUnprepared switches the store to unprepared claims for good, after
+// a transaction-pooling proxy lost its prepared claim (err), and says so
+// once.
+func (s *Store) claimUnprepared(err error) {
+	if !s.unprepared.CompareAndSwap(false, true) {
+		return
+	}
+	// The prepared statement stays open (Close closes it) for claims
+	// already using it: they fail the same way and switch too.
+	s.config.Logger.Error("Inbox: the prepared claim was lost between server connections, so a transaction-pooling proxy (PgBouncer pool_mode=transaction) stands between this store and PostgreSQL; claiming unprepared from now on. Set sqlinbox.Config.TransactionPooling to start so: until a store notices, a numbered prepared statement can reach a connection where another program's statement holds that number", err, watermill.LogFields{"table": s.table.String()})
 }
 
 // Close releases the prepared claim statement. The Store can still be used

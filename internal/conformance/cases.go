@@ -644,7 +644,7 @@ func testSchemaIdempotent(t *testing.T, target Target) {
 	t.Cleanup(func() { _, _ = b.db.Exec("DROP TABLE IF EXISTS " + table) })
 	for range 4 {
 		wg.Go(func() {
-			s, err := sqlinbox.New(target.Open(t), sqlinbox.Config{Dialect: target.Dialect, Table: table, Partitioning: target.Partitioning})
+			s, err := sqlinbox.New(target.Open(t), sqlinbox.Config{Dialect: target.Dialect, Table: table, Partitioning: target.Partitioning, TransactionPooling: target.TransactionPooling})
 			if err == nil {
 				err = s.CreateSchema(context.Background())
 			}

@@ -31,6 +31,33 @@ func PostgresDSN() string {
 	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 }
 
+// PgBouncerDSN is the URL of PgBouncer in transaction pooling mode in front
+// of the test PostgreSQL: INBOX_TEST_PGBOUNCER_DSN, which the repository's
+// test.sh starts and exports, or PgBouncer's usual local port.
+func PgBouncerDSN() string {
+	if dsn := os.Getenv("INBOX_TEST_PGBOUNCER_DSN"); dsn != "" {
+		return dsn
+	}
+	return "postgres://postgres@127.0.0.1:6432/test?sslmode=disable"
+}
+
+// PoolerDSN is PgBouncerDSN with the setting docs/poolers.md gives driver
+// ("postgres" for lib/pq, "pgx" for pgx, stdlib or native) behind a
+// transaction-pooling proxy: lib/pq binary_parameters=yes, pgx
+// default_query_exec_mode=exec.
+func PoolerDSN(driver string) string {
+	if driver == "postgres" {
+		return PgBouncerDSN() + "&binary_parameters=yes"
+	}
+	return PgBouncerDSN() + "&default_query_exec_mode=exec"
+}
+
+// PgBouncer opens the test PgBouncer through lib/pq ("postgres") or pgx's
+// stdlib ("pgx"), with PoolerDSN's settings.
+func PgBouncer(t testing.TB, driverName string) *sql.DB {
+	return Open(t, driverName, PoolerDSN(driverName))
+}
+
 // opened remembers the driver and DSN of every pool Open returned, so that
 // a table can still be dropped after its test closed the pool.
 var opened sync.Map // *sql.DB -> source
