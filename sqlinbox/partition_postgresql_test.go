@@ -336,3 +336,61 @@ func waitFor(t *testing.T, db *sql.DB, query string, arg any) {
 		return n > 0
 	}, 10*time.Second, 10*time.Millisecond, "waiting for: %s", query)
 }
+
+// A claim never waits behind CreateSchema longer than SchemaLockTimeout:
+// with a handler's transaction open on the table (as at every rolling
+// deploy), CreateSchema's partition DDL waits for that transaction, and a
+// new claim queues behind the DDL; the DDL gives up after
+// SchemaLockTimeout, logs that the purge will create the partition, and the
+// claim goes through while the handler's transaction is still open.
+// Before, CreateSchema waited for the handler to finish, and every claim
+// with it.
+func TestClaimWaitsOnCreateSchemaAtMostItsLockTimeout(t *testing.T) {
+	t.Parallel()
+	db, store, table := partitionedStore(t, "pgx", sqlinbox.Daily)
+	var tomorrow string
+	require.NoError(t, db.QueryRow(`SELECT $1 || '_p' || to_char((now() AT TIME ZONE 'UTC') + interval '1 day', 'YYYYMMDD')`, table).Scan(&tomorrow))
+	_, err := db.Exec(`DROP TABLE ` + tomorrow)
+	require.NoError(t, err)
+
+	handler, ok, err := claim(context.Background(), store, nil, "billing", "in-flight")
+	require.NoError(t, err)
+	require.True(t, ok)
+	t.Cleanup(func() { _ = handler.Rollback() })
+
+	logs := watermill.NewCaptureLogger()
+	deploy, err := sqlinbox.New(testdb.Postgres(t, "pgx"), sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: sqlinbox.Daily, Logger: logs})
+	require.NoError(t, err)
+	schemaDone := make(chan error, 1)
+	go func() { schemaDone <- deploy.CreateSchema(context.Background()) }()
+	waitFor(t, db, `SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'AccessExclusiveLock' AND NOT granted`, table)
+
+	type result struct {
+		waited time.Duration
+		err    error
+	}
+	claimed := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		tx, _, err := claim(context.Background(), store, nil, "billing", "next")
+		if err == nil {
+			err = tx.Commit()
+		}
+		claimed <- result{time.Since(start), err}
+	}()
+	select {
+	case r := <-claimed:
+		require.NoError(t, r.err)
+		t.Logf("the claim waited %s behind CreateSchema (SchemaLockTimeout %s)", r.waited.Round(time.Millisecond), sqlinbox.SchemaLockTimeout)
+	case <-time.After(time.Minute):
+		t.Fatal("the claim waited for the handler's transaction, behind CreateSchema")
+	}
+	require.NoError(t, <-schemaDone)
+	require.True(t, logs.Has(watermill.CapturedMessage{Level: watermill.InfoLogLevel,
+		Msg:    "Inbox partition not created: the table lock was not granted within sqlinbox.SchemaLockTimeout; the purge creates it, and claims go to the default partition meanwhile",
+		Fields: watermill.LogFields{"table": table, "partition": tomorrow, "lock_timeout": sqlinbox.SchemaLockTimeout.String()}}))
+	require.NoError(t, handler.Commit())
+	require.NotContains(t, testdb.TimePartitions(t, db, table), tomorrow)
+	require.NoError(t, deploy.CreateSchema(context.Background()))
+	require.Contains(t, testdb.TimePartitions(t, db, table), tomorrow)
+}

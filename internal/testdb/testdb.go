@@ -5,6 +5,7 @@
 package testdb
 
 import (
+	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
@@ -199,4 +200,45 @@ func DropTimePartitions(t testing.TB, db *sql.DB, table string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// BusyPooler keeps the test PgBouncer's pool busy until the test ends:
+// clients goroutines, each on a connection of its own, run short
+// transactions back to back, so that consecutive statements of any other
+// client reach different server connections, as in production, where a
+// lock or a prepared statement left on one server connection is met by
+// another client, or missed by its own.
+func BusyPooler(t testing.TB, clients int) {
+	t.Helper()
+	db := PgBouncer(t, "pgx")
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	for range clients {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				_, _ = db.ExecContext(ctx, `SELECT pg_sleep(0.002)`)
+			}
+		})
+	}
+}
+
+// RequireServerSwitches fails unless consecutive statements of one client
+// connection of db reach at least two server connections: the condition
+// in which session state left by one statement is lost to the next.
+func RequireServerSwitches(t testing.TB, db *sql.DB) {
+	t.Helper()
+	conn, err := db.Conn(context.Background())
+	require.NoError(t, err)
+	defer conn.Close()
+	pids := map[int]bool{}
+	for i := 0; i < 200 && len(pids) < 2; i++ {
+		var pid int
+		require.NoError(t, conn.QueryRowContext(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid))
+		pids[pid] = true
+	}
+	require.Len(t, pids, 2, "200 statements of one client all reached one server connection: is PgBouncer in transaction pooling mode?")
 }
