@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -46,11 +47,19 @@ func PgBouncerDSN() string {
 // ("postgres" for lib/pq, "pgx" for pgx, stdlib or native) behind a
 // transaction-pooling proxy: lib/pq binary_parameters=yes, pgx
 // default_query_exec_mode=exec.
-func PoolerDSN(driver string) string {
-	if driver == "postgres" {
-		return PgBouncerDSN() + "&binary_parameters=yes"
+func PoolerDSN(driver string) string { return PoolerSettings(PgBouncerDSN(), driver) }
+
+// PoolerSettings adds to the PostgreSQL URL dsn the setting driver needs
+// behind a transaction-pooling proxy, as PoolerDSN.
+func PoolerSettings(dsn, driver string) string {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
 	}
-	return PgBouncerDSN() + "&default_query_exec_mode=exec"
+	if driver == "postgres" {
+		return dsn + sep + "binary_parameters=yes"
+	}
+	return dsn + sep + "default_query_exec_mode=exec"
 }
 
 // PgBouncer opens the test PgBouncer through lib/pq ("postgres") or pgx's
