@@ -383,7 +383,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 		if stmt != nil {
 			res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
 		} else {
-			res, err = tx.ExecContext(ctx, s.q.claim, args...)
+			res, err = tx.ExecContext(ctx, unpreparedClaim+s.q.claim, args...)
 		}
 	}
 	if err != nil {
@@ -456,6 +456,13 @@ func (s *Store) claimStmt(ctx context.Context) (*sql.Stmt, error) {
 	s.claimSQL.Store(stmt)
 	return stmt, nil
 }
+
+// unpreparedClaim starts the text of the claim sent unprepared. pgx's
+// database/sql driver names a statement prepared through it by its text,
+// and runs any later statement of the same text on that connection through
+// it: after a switch to unprepared claims, the claim's text must differ
+// from the one prepared before.
+const unpreparedClaim = "/* unprepared */ "
 
 // lostPrepared reports whether err is PostgreSQL not finding a prepared
 // statement on the connection that prepared it, or finding one of the same
