@@ -170,3 +170,20 @@ func TestSkippedRoundSaysWhoAndHowLong(t *testing.T) {
 		require.EqualValues(t, 10, deleted)
 	}, func(tg target) bool { return tg.oneRunner })
 }
+
+// A round holds two connections, the lock's and its statements': on a pool
+// of one it is refused, saying so, instead of waiting forever for the
+// second.
+func TestRoundNeedsTwoConnections(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		b := setup(t, tg)
+		db := tg.open(t)
+		db.SetMaxOpenConns(1)
+		store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: tg.dialect, Table: b.table})
+		require.NoError(t, err)
+		p, err := purge.New(store, purge.Config{Retention: day})
+		require.NoError(t, err)
+		_, err = p.PurgeOnce(context.Background())
+		require.ErrorContains(t, err, "a round holds two connections")
+	}, func(tg target) bool { return tg.oneRunner })
+}

@@ -135,9 +135,14 @@ func (s *Store) beginPurge(ctx context.Context) (*purgeSession, *maintenance.Bus
 	if !ok {
 		return nil, nil, fmt.Errorf("sqlinbox: the %s dialect has no purge", s.dialect)
 	}
+	// The lock's connection and the round's: with one connection in the
+	// pool the round would wait for the second forever.
+	if n := s.db.Stats().MaxOpenConnections; n == 1 && s.dialect != SQLite {
+		return nil, nil, fmt.Errorf("sqlinbox: purge of %s: a round holds two connections (the purge lock's and its statements'), and the *sql.DB allows one (SetMaxOpenConns): give the purge a pool of at least two", s.table)
+	}
 	lock, busy, err := pd.lockPurge(ctx, s.db, s.table)
 	if err != nil {
-		return nil, nil, fmt.Errorf("sqlinbox: taking the purge lock of %s: %w", s.table, err)
+		return nil, nil, fmt.Errorf("sqlinbox: taking the purge lock of %s: %w", s.table, s.dialect.classify(err))
 	}
 	if busy != nil {
 		return nil, busy, nil
