@@ -189,7 +189,6 @@ start_pgbouncer() {
 			server_round_robin = 1
 			default_pool_size = 20
 			max_client_conn = 2000
-			ignore_startup_parameters = extra_float_digits
 			logfile = $dir/log
 			pidfile = $dir/pid
 		EOF
