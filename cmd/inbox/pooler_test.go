@@ -31,7 +31,8 @@ const mainArgs = "INBOX_TEST_MAIN_ARGS"
 // The purge command run again and again through PgBouncer in transaction
 // pooling mode, with a DSN that sets nothing for it (the command chooses
 // pgx's exec mode itself) and a pool kept busy by other clients, removes
-// the expired rows every time and leaves no advisory lock behind. Before,
+// the expired rows every time and leaves no advisory lock behind, and every
+// other subcommand works there too. Before,
 // its session lock was released on another server connection than it was
 // taken on, and every later round was skipped.
 func TestPurgeThroughPooler(t *testing.T) {
@@ -49,10 +50,12 @@ func TestPurgeThroughPooler(t *testing.T) {
 AND classid = hashtext('watermill_inbox purge')::oid AND objid = $1::regclass::oid`, f.table).Scan(&locks))
 		require.Zero(t, locks, "round %d left its lock", round+1)
 	}
-	for _, sub := range [][]string{{"stats"}, {"check"}, {"schema", "-apply"}} {
+	f.seed(t, "billing", time.Hour, "recent")
+	for _, sub := range [][]string{{"stats"}, {"check"}, {"schema", "-apply"}, {"forget", "-consumer", "billing", "-id", "recent"}, {"forget", "-consumer", "billing", "-id", "recent", "-yes"}} {
 		code, _, errOut := runCmd(append(sub, "-dsn", testdb.PgBouncerDSN(), "-table", f.table)...)
 		require.Equal(t, exitOK, code, "%v through the pooler: %s", sub, errOut)
 	}
+	require.Empty(t, f.rows(t), "forget -yes removed the claim")
 }
 
 // An inbox purge killed (SIGKILL) while its DELETE waits on a row lock
