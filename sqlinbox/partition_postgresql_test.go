@@ -394,3 +394,36 @@ func TestClaimWaitsOnCreateSchemaAtMostItsLockTimeout(t *testing.T) {
 	require.NoError(t, deploy.CreateSchema(context.Background()))
 	require.Contains(t, testdb.TimePartitions(t, db, table), tomorrow)
 }
+
+// A period whose rows already went to the default partition cannot get a
+// partition of its own. CreateSchema finds it by an index probe and does
+// not try, so it takes no table lock for it: with a handler's transaction
+// open on the table, it reports the period blocked at once, where trying
+// would queue claims behind the table lock until the lock timeout, on
+// every call.
+func TestCreateSchemaSkipsABlockedPeriodWithoutTheTableLock(t *testing.T) {
+	t.Parallel()
+	db, store, table := partitionedStore(t, "pgx", sqlinbox.Daily)
+	var today string
+	require.NoError(t, db.QueryRow(`SELECT $1 || '_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')`, table).Scan(&today))
+	_, err := db.Exec(`DROP TABLE ` + today)
+	require.NoError(t, err)
+	require.True(t, claimOnce(t, store, "billing", "today")) // lands in the default partition
+
+	handler, ok, err := claim(context.Background(), store, nil, "billing", "in-flight")
+	require.NoError(t, err)
+	require.True(t, ok)
+	t.Cleanup(func() { _ = handler.Rollback() })
+	logs := watermill.NewCaptureLogger()
+	deploy, err := sqlinbox.New(testdb.Postgres(t, "pgx"), sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: sqlinbox.Daily, Logger: logs})
+	require.NoError(t, err)
+	for range 3 {
+		require.NoError(t, deploy.CreateSchema(context.Background()))
+	}
+	blocked := watermill.CapturedMessage{Level: watermill.InfoLogLevel,
+		Msg:    "Inbox partition not created: rows of its period are already in the default partition (the purge deletes them there)",
+		Fields: watermill.LogFields{"table": table, "partition": today}}
+	require.True(t, logs.Has(blocked))
+	require.Len(t, logs.Captured()[watermill.InfoLogLevel], 3, "one line per call, and none about a lock not granted")
+	require.NoError(t, handler.Commit())
+}
