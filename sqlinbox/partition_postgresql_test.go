@@ -348,19 +348,8 @@ func waitFor(t *testing.T, db *sql.DB, query string, arg any) {
 func TestClaimWaitsOnCreateSchemaAtMostItsLockTimeout(t *testing.T) {
 	t.Parallel()
 	db, store, table := partitionedStore(t, "pgx", sqlinbox.Daily)
-	var tomorrow string
-	require.NoError(t, db.QueryRow(`SELECT $1 || '_p' || to_char((now() AT TIME ZONE 'UTC') + interval '1 day', 'YYYYMMDD')`, table).Scan(&tomorrow))
-	_, err := db.Exec(`DROP TABLE ` + tomorrow)
-	require.NoError(t, err)
-
-	handler, ok, err := claim(context.Background(), store, nil, "billing", "in-flight")
-	require.NoError(t, err)
-	require.True(t, ok)
-	t.Cleanup(func() { _ = handler.Rollback() })
-
-	logs := watermill.NewCaptureLogger()
-	deploy, err := sqlinbox.New(testdb.Postgres(t, "pgx"), sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: sqlinbox.Daily, Logger: logs})
-	require.NoError(t, err)
+	tomorrow := dropDay(t, db, table, 1)
+	handler, deploy, logs := deployBehindAHandler(t, store)
 	schemaDone := make(chan error, 1)
 	go func() { schemaDone <- deploy.CreateSchema(context.Background()) }()
 	waitFor(t, db, `SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'AccessExclusiveLock' AND NOT granted`, table)
@@ -404,19 +393,9 @@ func TestClaimWaitsOnCreateSchemaAtMostItsLockTimeout(t *testing.T) {
 func TestCreateSchemaSkipsABlockedPeriodWithoutTheTableLock(t *testing.T) {
 	t.Parallel()
 	db, store, table := partitionedStore(t, "pgx", sqlinbox.Daily)
-	var today string
-	require.NoError(t, db.QueryRow(`SELECT $1 || '_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')`, table).Scan(&today))
-	_, err := db.Exec(`DROP TABLE ` + today)
-	require.NoError(t, err)
+	today := dropDay(t, db, table, 0)
 	require.True(t, claimOnce(t, store, "billing", "today")) // lands in the default partition
-
-	handler, ok, err := claim(context.Background(), store, nil, "billing", "in-flight")
-	require.NoError(t, err)
-	require.True(t, ok)
-	t.Cleanup(func() { _ = handler.Rollback() })
-	logs := watermill.NewCaptureLogger()
-	deploy, err := sqlinbox.New(testdb.Postgres(t, "pgx"), sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: sqlinbox.Daily, Logger: logs})
-	require.NoError(t, err)
+	handler, deploy, logs := deployBehindAHandler(t, store)
 	for range 3 {
 		require.NoError(t, deploy.CreateSchema(context.Background()))
 	}
@@ -426,4 +405,30 @@ func TestCreateSchemaSkipsABlockedPeriodWithoutTheTableLock(t *testing.T) {
 	require.True(t, logs.Has(blocked))
 	require.Len(t, logs.Captured()[watermill.InfoLogLevel], 3, "one line per call, and none about a lock not granted")
 	require.NoError(t, handler.Commit())
+}
+
+// dropDay drops the daily partition of table holding the database's today
+// plus days, and returns its name.
+func dropDay(t *testing.T, db *sql.DB, table string, days int) string {
+	t.Helper()
+	var name string
+	require.NoError(t, db.QueryRow(`SELECT $1 || '_p' || to_char((now() AT TIME ZONE 'UTC') + $2 * interval '1 day', 'YYYYMMDD')`, table, days).Scan(&name))
+	_, err := db.Exec(`DROP TABLE ` + name)
+	require.NoError(t, err)
+	return name
+}
+
+// deployBehindAHandler opens a handler's transaction on store's daily
+// partitioned table, as a deploy finds claims in flight, and returns it with
+// a store of another instance on the table, logging to logs.
+func deployBehindAHandler(t *testing.T, store *sqlinbox.Store) (handler *sql.Tx, deploy *sqlinbox.Store, logs *watermill.CaptureLoggerAdapter) {
+	t.Helper()
+	handler, ok, err := claim(context.Background(), store, nil, "billing", "in-flight")
+	require.NoError(t, err)
+	require.True(t, ok)
+	t.Cleanup(func() { _ = handler.Rollback() })
+	logs = watermill.NewCaptureLogger()
+	deploy, err = sqlinbox.New(testdb.Postgres(t, "pgx"), sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: store.Table(), Partitioning: sqlinbox.Daily, Logger: logs})
+	require.NoError(t, err)
+	return handler, deploy, logs
 }
