@@ -82,7 +82,7 @@ stops=()
 background=()
 cleanup() {
 	if [ -s "$work/pgbouncer/exits" ]; then
-		log "PgBouncer exited $(wc -l <"$work/pgbouncer/exits") times during the run and was started again (PgBouncer 1.18 crashes on some cancel requests, its issue 801): a test that failed meanwhile may have failed for it; the end of its log:"
+		log "PgBouncer exited $(wc -l <"$work/pgbouncer/exits") times during the run and was started again (PgBouncer 1.18 crashes on some cancel requests: its issues 801, 822, 904): a test that failed meanwhile may have failed for it; the end of its log:"
 		tail -n 20 "$work/pgbouncer/log" >&2 || true
 	fi
 	for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -143,10 +143,10 @@ start_postgres() {
 # server_round_robin hands consecutive transactions of one client to
 # different server connections of a warm pool, which is what breaks
 # session state. It runs as the postgres user (it refuses root), under
-# run_pgbouncer, which starts it again should it exit: PgBouncer 1.18 can
-# crash on a cancel request that a client closes early (its issue 801,
-# fixed in 1.20), and Go drivers send one for a statement whose context
-# ends. The run then says so at its end.
+# $dir/run.sh, which starts it again should it exit: PgBouncer 1.18 can
+# crash on a cancel request (its issues 801, 822 and 904, fixed by 1.20.1),
+# and Go drivers send one for a statement whose context ends. The run then
+# says so at its end.
 start_pgbouncer() {
 	has pgbouncer || apt_install pgbouncer INBOX_TEST_PGBOUNCER_DSN
 	local bin dir=$work/pgbouncer port=26431 owner=postgres hostport t0 up=

@@ -227,8 +227,8 @@ func BusyPooler(t testing.TB, clients int) {
 	)
 	// Stopped by a flag, not by cancelling a context: a statement
 	// cancelled mid-flight makes the driver send PostgreSQL a cancel
-	// request, and PgBouncer 1.18 can crash on one (its issue 801, fixed
-	// in 1.20).
+	// request, and PgBouncer 1.18 can crash on one (its issues 801, 822
+	// and 904, fixed by 1.20.1).
 	t.Cleanup(func() {
 		stop.Store(true)
 		wg.Wait()
