@@ -149,7 +149,7 @@ start_postgres() {
 # says so at its end.
 start_pgbouncer() {
 	has pgbouncer || apt_install pgbouncer INBOX_TEST_PGBOUNCER_DSN
-	local bin dir=$work/pgbouncer port=26431 owner=postgres hostport t0 up=
+	local bin dir=$work/pgbouncer port=26431 owner=postgres hostport t0 up= supervisor
 	bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
 	t0=$(now_ms)
 	hostport=${INBOX_TEST_POSTGRES_DSN#postgres://*@}
@@ -166,9 +166,9 @@ start_pgbouncer() {
 	cat >"$dir/run.sh" <<-EOF
 		ulimit -n 4096 2>/dev/null
 		for _ in \$(seq 1 20); do
-			[ ! -e "$dir/stop" ] || exit 0
+			[ ! -e "$dir/stop" ] && [ -e "$dir/pgbouncer.ini" ] || exit 0
 			"$bin" -q "$dir/pgbouncer.ini" 2>>"$dir/start.log"
-			[ ! -e "$dir/stop" ] || exit 0
+			[ ! -e "$dir/stop" ] && [ -e "$dir/pgbouncer.ini" ] || exit 0
 			date >>"$dir/exits"
 			sleep 0.2
 		done
@@ -194,6 +194,7 @@ start_pgbouncer() {
 		EOF
 		rm -f "$dir/stop" "$dir/exits"
 		as_owner "$owner" sh "$dir/run.sh" >/dev/null 2>&1 &
+		supervisor=$!
 		for _ in $(seq 1 100); do
 			if answers 127.0.0.1 "$port"; then up=1; break; fi
 			sleep 0.05
@@ -201,7 +202,7 @@ start_pgbouncer() {
 		[ -z "$up" ] || break
 		touch "$dir/stop"
 		[ ! -f "$dir/pid" ] || kill "$(cat "$dir/pid")" 2>/dev/null || true
-		wait $! 2>/dev/null || true
+		wait "$supervisor" 2>/dev/null || true
 	done
 	if [ -z "$up" ]; then
 		log "could not start PgBouncer; its log:"
@@ -209,7 +210,8 @@ start_pgbouncer() {
 		exit 1
 	fi
 	rm -f "$dir/exits"
-	stops+=("touch $dir/stop; kill \$(cat $dir/pid)")
+	# The supervisor must see the stop file before cleanup removes it.
+	stops+=("touch $dir/stop; kill \$(cat $dir/pid); wait $supervisor")
 	export INBOX_TEST_PGBOUNCER_DSN="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
 	log "started $("$bin" --version | head -n 1) in transaction pooling mode on 127.0.0.1:$port in $(($(now_ms) - t0)) ms"
 }
