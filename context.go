@@ -20,12 +20,12 @@ import (
 // For the handler, the middleware puts this transaction in its place, so
 // both accessors return the transaction that holds the claim, and writes
 // through either commit with it.
+//
+// Called in a handler whose store hands out another kind of transaction (a
+// *pgxinbox.Store's pgx.Tx), it returns false and logs once per consumer,
+// at error level through [Config].Logger, which accessor fits the store.
 func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
-	t, ok := StoreTxFromContext(ctx)
-	if !ok {
-		return nil, false
-	}
-	st, ok := t.(SQLTx)
+	st, ok := StoreTxAs[SQLTx](ctx, "inbox.TxFromContext")
 	return st.Tx, ok
 }
 
@@ -40,6 +40,26 @@ func StoreTxFromContext(ctx context.Context) (StoreTx, bool) {
 	}
 	s.markTxTaken()
 	return s.tx, true
+}
+
+// StoreTxAs returns the transaction that holds the message's inbox claim
+// when it is a T, for a store's typed accessor named accessor
+// (pgxinbox.TxFromContext is StoreTxAs[pgx.Tx](ctx, "pgxinbox.TxFromContext")).
+// ok is false outside an inbox transaction, and when the store's
+// transaction is not a T: a handler calling the accessor of another store,
+// which is logged once per consumer at error level, naming the accessor
+// that fits. Only a transaction returned counts as the handler taking it.
+func StoreTxAs[T StoreTx](ctx context.Context, accessor string) (tx T, ok bool) {
+	s := sessionFrom(ctx)
+	if s == nil {
+		return tx, false
+	}
+	if tx, ok = s.tx.(T); !ok {
+		s.e.reportWrongAccessor(s, accessor)
+		return tx, false
+	}
+	s.markTxTaken()
+	return tx, true
 }
 
 // TxNotNeeded declares that the handler of the message whose context is ctx

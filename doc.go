@@ -26,7 +26,10 @@
 //	if err != nil { ... }
 //	router.AddMiddleware(middleware.Recoverer)
 //	router.AddConsumerHandler("invoicing", "orders", sub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
-//		tx, _ := inbox.TxFromContext(msg.Context())
+//		tx, ok := inbox.TxFromContext(msg.Context())
+//		if !ok {
+//			return inbox.ErrNotInInbox // the wrong accessor for the store is logged
+//		}
 //		_, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices ...`)
 //		return err
 //	}))

@@ -27,6 +27,17 @@ type engine struct {
 	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
 	txUseMu      sync.RWMutex
 	txUse        map[string]txUse // per consumer, for reportUnusedTx
+
+	wrongAccessorMu sync.Mutex
+	wrongAccessor   map[string]bool // consumers reported by reportWrongAccessor
+
+	pool           ClaimPool // the store's, nil when its pool is not known
+	poolWaitMu     sync.Mutex
+	poolWaitLogged map[string]bool // consumers reported by poolWaitErr
+
+	registry ConsumerRegistry // the store's, nil when unchecked
+	ownersMu sync.RWMutex
+	owners   map[string]ownership // per consumer, for checkOwner
 }
 
 // middleware wraps h.
@@ -79,6 +90,13 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 		ob.Outcome = OutcomeMiswired
 		return nil, err
 	}
+	if err := e.checkOwner(ctx, consumer); err != nil {
+		ob.Outcome = OutcomeClaimFailed
+		if errors.Is(err, ErrMiswired) {
+			ob.Outcome = OutcomeMiswired
+		}
+		return nil, err
+	}
 	eventID, err := e.eventID(msg)
 	if err != nil {
 		ob.Outcome = OutcomeMissingID
@@ -109,9 +127,17 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 	if e.config.Observer != nil {
 		ob.ClaimStart = time.Now()
 	}
+	use, err := e.enterPool(ctx)
+	if err != nil {
+		ob.Outcome = OutcomeClaimFailed
+		return nil, err
+	}
 	tx, stored, err := e.config.Store.Claim(ctx, e.config.TxOptions, consumer, eventID, fingerprint)
 	if e.config.Observer != nil {
 		ob.ClaimDuration = time.Since(ob.ClaimStart)
+	}
+	if tx == nil { // its connection is back in the pool
+		use.leave()
 	}
 	if err != nil {
 		ob.Outcome = OutcomeClaimFailed
@@ -142,8 +168,9 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 		if !committed {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
+		use.leave()
 	}()
-	s := &session{tx: tx, consumer: consumer, eventID: eventID, msg: msg}
+	s := &session{e: e, tx: tx, consumer: consumer, eventID: eventID, msg: msg}
 	defer s.end()
 	hctx := context.WithValue(ctx, sessionKey{}, s)
 	if subscriber.found {
@@ -155,6 +182,8 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 		// which the middleware cannot see (reportUnusedTx).
 		s.markTxTaken()
 	}
+	hctx, stopWatch := e.watchPool(hctx, use)
+	defer stopWatch()
 	msg.SetContext(hctx)
 	defer msg.SetContext(ctx)
 
@@ -162,6 +191,10 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 	poisoned := msg.Metadata.Get(poisonReasonKey)
 	produced, err := h(msg)
 	if err != nil {
+		if errors.Is(context.Cause(hctx), errPoolWait) {
+			ob.Outcome = OutcomeMiswired
+			return nil, e.poolWaitErr(s, err)
+		}
 		return nil, err
 	}
 	if stop, err := e.checkHandlerCall(s, msg, poisoned); stop {
@@ -180,6 +213,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observ
 		return nil, fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", errtext.Quote(eventID), consumer, err)
 	}
 	committed = true
+	use.leave()
 	ob.Outcome = OutcomeProcessed
 	e.reportUnusedTx(s, msg)
 	ob.AfterCommitErr = e.runHooks(ctx, s)

@@ -59,7 +59,8 @@ var (
 	ErrSubscriberTx = errors.New("inbox: the message carries a subscriber's transaction this middleware cannot stand in for")
 
 	// ErrNotInInbox is returned by AfterCommit when the context does not come
-	// from a message handled by the inbox middleware.
+	// from a message handled by the inbox middleware; a handler returns it
+	// when TxFromContext (or pgxinbox.TxFromContext) reports false.
 	ErrNotInInbox = errors.New("inbox: context is not inside an inbox transaction")
 
 	// ErrTxEnded is returned by AfterCommit called after the handler

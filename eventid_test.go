@@ -108,4 +108,6 @@ func TestNewMiddlewareValidatesConfig(t *testing.T) {
 	}
 	_, err = inbox.NewMiddleware(inbox.Config{Store: nopStore{}, Consumer: "billing v2/eu"})
 	require.NoError(t, err)
+	_, err = inbox.NewMiddleware(inbox.Config{Store: nopStore{}, Service: strings.Repeat("s", inbox.MaxConsumerLength+1)})
+	require.ErrorContains(t, err, "inbox: invalid config: Service: service name is 256 bytes")
 }

@@ -40,6 +40,23 @@ type Config struct {
 	// any other fail with [ErrMiswired].
 	ShareConsumer bool
 
+	// Service names the service the middleware's consumers belong to. The
+	// store's consumer registry (a table CreateSchema creates beside the
+	// inbox) records it for each consumer, once per process, before its
+	// first claim; the messages of a consumer another service registered
+	// are refused with [ErrMiswired] ([OutcomeMiswired], one error line per
+	// consumer), since two services with one consumer name (two handlers
+	// "orders" in billing and in mailing) would share one claim per event,
+	// each event running in only one of them. Replicas of a service share
+	// its name. Set it to keep a service's consumers when its main package
+	// moves, or to the same value in two binaries meant to share their
+	// consumers' events. Printable UTF-8, at most MaxConsumerLength bytes.
+	// Defaults to the main package path of the running binary
+	// (runtime/debug.ReadBuildInfo; a test binary's is the package under
+	// test); a binary built from files (go run main.go) has none, and its
+	// consumers go unchecked, which is logged once.
+	Service string
+
 	// EventID extracts the event id. Defaults to DefaultEventID: the
 	// "event_id" metadata value, else msg.UUID.
 	EventID EventIDFunc
@@ -57,7 +74,10 @@ type Config struct {
 	// [TxFromContext] (or pgxinbox.TxFromContext) returns for ctx:
 	//
 	//	func(ctx context.Context) (message.Publisher, error) {
-	//		tx, _ := inbox.TxFromContext(ctx)
+	//		tx, ok := inbox.TxFromContext(ctx)
+	//		if !ok {
+	//			return nil, inbox.ErrNotInInbox
+	//		}
 	//		return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nil)
 	//	}
 	//
@@ -110,6 +130,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.Service == "" {
+		c.Service = defaultService()
+	}
 	if c.EventID == nil {
 		c.EventID = DefaultEventID
 	}
@@ -125,6 +148,11 @@ func (c Config) validate() error {
 	if c.Consumer != "" {
 		if err := validateConsumer(c.Consumer); err != nil {
 			return fmt.Errorf("Consumer: %w", err)
+		}
+	}
+	if c.Service != "" {
+		if err := validateName("service name", c.Service); err != nil {
+			return fmt.Errorf("Service: %w", err)
 		}
 	}
 	if c.Fingerprint != nil {
@@ -178,6 +206,16 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	if checker, ok := config.Store.(EventIDChecker); ok {
 		e.checkID = checker.CheckEventID
 	}
+	if pool, ok := config.Store.(ClaimPool); ok {
+		e.pool = pool
+	}
+	if registry, ok := config.Store.(ConsumerRegistry); ok {
+		if config.Service != "" {
+			e.registry = registry
+		} else {
+			config.Logger.Info("Inbox: warning: this binary was built from files (go run main.go), so it has no main package path to tell its service from others on the same inbox table, and its consumers are not checked; set inbox.Config.Service", nil)
+		}
+	}
 	return e.middleware, nil
 }
 
@@ -186,15 +224,21 @@ func validateConsumer(name string) error {
 	if name == "" {
 		return ErrNoConsumer
 	}
+	return validateName("consumer name", name)
+}
+
+// validateName checks a consumer or service name: printable UTF-8, at most
+// MaxConsumerLength bytes.
+func validateName(what, name string) error {
 	if len(name) > MaxConsumerLength {
-		return fmt.Errorf("consumer name is %d bytes, at most %d allowed: %s", len(name), MaxConsumerLength, errtext.Quote(name))
+		return fmt.Errorf("%s is %d bytes, at most %d allowed: %s", what, len(name), MaxConsumerLength, errtext.Quote(name))
 	}
 	if !utf8.ValidString(name) {
-		return fmt.Errorf("consumer name is not valid UTF-8: %s", errtext.Quote(name))
+		return fmt.Errorf("%s is not valid UTF-8: %s", what, errtext.Quote(name))
 	}
 	for _, r := range name {
 		if !unicode.IsPrint(r) {
-			return fmt.Errorf("consumer name contains a non-printable character %U: %s", r, errtext.Quote(name))
+			return fmt.Errorf("%s contains a non-printable character %U: %s", what, r, errtext.Quote(name))
 		}
 	}
 	return nil

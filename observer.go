@@ -59,7 +59,9 @@ type Observation struct {
 	Stale bool
 
 	// Start is when the message entered the middleware; ClaimStart and
-	// ClaimDuration time the BEGIN and claim (zero when no claim was made);
+	// ClaimDuration time the BEGIN and claim, with any wait for the claims
+	// of its pool to leave a connection (see ClaimPool), zero when no claim
+	// was made;
 	// Duration is the whole passage, handler and commit included.
 	Start         time.Time
 	ClaimStart    time.Time

@@ -11,6 +11,7 @@ import (
 // session is what the middleware puts in the message context for the
 // duration of one handler call.
 type session struct {
+	e        *engine // the middleware that opened it
 	tx       StoreTx // the claim's transaction, as the store made it
 	consumer string
 	eventID  string

@@ -19,12 +19,20 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
+# why_install says why the tests need Debian package $1 (a server's, whose
+# address variable is $2).
+why_install() {
+	case $1 in
+	prometheus) echo "its promtool checks and unit-tests the alerting rules (its server is not started)" ;;
+	*) echo "the tests start a throwaway server from it where none answers${2:+ (at \$$2, or on its usual local port)}" ;;
+	esac
+}
 apt_install() { # apt_install PACKAGE [VARIABLE] [apt-get flags...]
 	if [ "$(id -u)" != 0 ]; then
 		log "$1 is not installed and this is not root: install the Debian package $1${2:+, or point $2 at a server}"
 		exit 1
 	fi
-	log "installing $1"
+	log "installing the Debian package $1 with apt-get (update, then install): $(why_install "$1" "${2:-}")"
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${@:3}" "$1" >/dev/null
 }
@@ -32,28 +40,41 @@ pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || 
 # The Debian packages put these outside a user's PATH.
 rabbitmq_bin=/usr/lib/rabbitmq/bin/rabbitmq-server
 has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
-# install_promtool installs Debian's prometheus package for promtool, which
-# checks and unit-tests prommetrics' alerting rules. Only the binary is
-# wanted: the package's Prometheus server (on :9090) must not run, so a
-# policy-rc.d refuses to start it while dpkg runs (unless the machine has its
-# own, whose policy may allow it: then it is stopped), and it is disabled at
-# boot; the recommended node exporter is left out.
-install_promtool() {
-	command -v promtool >/dev/null 2>&1 && return
-	local policy=/usr/sbin/policy-rc.d
+# apt_install_stopped PACKAGE [VARIABLE] [apt-get flags...] installs a
+# package whose service must not run: a policy-rc.d refuses to start it while
+# dpkg runs (unless the machine has its own, whose policy may allow it: then
+# it is stopped), and it is disabled at boot.
+apt_install_stopped() {
+	local policy=/usr/sbin/policy-rc.d service=${SERVICE:-$1}
 	if [ "$(id -u)" = 0 ] && [ ! -e "$policy" ]; then
 		(
 			trap 'rm -f "$policy"' EXIT
 			printf '#!/bin/sh\nexit 101\n' >"$policy"
 			chmod 755 "$policy"
-			apt_install prometheus "" --no-install-recommends
+			apt_install "$@"
 		)
 	else
-		apt_install prometheus "" --no-install-recommends
+		apt_install "$@"
 	fi
-	invoke-rc.d prometheus stop >/dev/null 2>&1 || true
-	update-rc.d prometheus disable >/dev/null 2>&1 || true
-	deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
+	invoke-rc.d "$service" stop >/dev/null 2>&1 || true
+	update-rc.d "$service" disable >/dev/null 2>&1 || true
+	deb-systemd-helper disable "$service.service" >/dev/null 2>&1 || true
+}
+# install_promtool installs Debian's prometheus package for promtool, which
+# checks and unit-tests prommetrics' alerting rules. Only the binary is
+# wanted: the package's Prometheus server (on :9090) must not run; the
+# recommended node exporter is left out.
+install_promtool() {
+	command -v promtool >/dev/null 2>&1 && return
+	apt_install_stopped prometheus "" --no-install-recommends
+}
+# install_patroni installs Patroni and etcd for the failover tests, which
+# start their own cluster; the packages' services must not run.
+install_patroni() {
+	has patroni || SERVICE=patroni apt_install_stopped patroni
+	# Patroni's etcd client, for Debian's Python (not whichever python3 is first in PATH).
+	/usr/bin/python3 -c 'import etcd' 2>/dev/null || apt_install python3-etcd
+	has etcd || SERVICE=etcd apt_install_stopped etcd-server
 }
 # install_missing installs the Debian package of every server binary that is
 # missing, and promtool.
@@ -64,15 +85,17 @@ install_missing() {
 	[ -x "$rabbitmq_bin" ] || apt_install rabbitmq-server INBOX_TEST_AMQP_URL
 	has nats-server || apt_install nats-server INBOX_TEST_NATS_URL
 	has redis-server || apt_install redis-server INBOX_TEST_REDIS_ADDR
+	install_patroni
 	install_promtool
 }
 if [ "${1:-}" = --install ]; then
 	install_missing
 	exit 0
 fi
-# promtool, for the alerting rules' tests: installed here when missing, as the
-# servers below; without root, the rules' test says how to get it.
-[ "$(id -u)" != 0 ] || install_promtool
+# promtool, for the alerting rules' tests, and Patroni with etcd, for the
+# failover tests: installed here when missing, as the servers below; without
+# root, the tests say how to get them.
+[ "$(id -u)" != 0 ] || { install_promtool; install_patroni; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/inbox-test.XXXXXX")
 chmod 755 "$work"
@@ -80,11 +103,27 @@ chmod 755 "$work"
 # $work/stops written by starters that run in the background.
 stops=()
 background=()
+# Tests that kill database servers start their own under $work/servers
+# (internal/testing/dbserver), each recording its processes in a file pids.
+# A test binary that died (a timeout) ran no cleanup: what it left running is
+# killed at exit, Patroni before the PostgreSQL it would restart, each
+# process checked by its command line to still be one the tests started.
+export INBOX_TEST_SERVERS_DIR=$work/servers
+kill_leftovers() {
+	local dir pid
+	for dir in "$work"/servers/*/; do
+		[ -d "$dir" ] || continue
+		for pid in $(cat "$dir/pids" 2>/dev/null) $(find "$dir" -name postmaster.pid -exec head -n 1 {} \; 2>/dev/null); do
+			if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$dir"; then kill -9 "$pid" 2>/dev/null || true; fi
+		done
+	done
+}
 cleanup() {
 	if [ -s "$work/pgbouncer/exits" ]; then
 		log "PgBouncer exited $(wc -l <"$work/pgbouncer/exits") times during the run and was started again (PgBouncer 1.18 crashes on some cancel requests: its issues 801, 822, 904): a test that failed meanwhile may have failed for it; the end of its log:"
 		tail -n 20 "$work/pgbouncer/log" >&2 || true
 	fi
+	kill_leftovers
 	for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
 	for cmd in "${stops[@]}"; do eval "$cmd" >/dev/null 2>&1 || true; done
 	if [ -f "$work/stops" ]; then
@@ -394,6 +433,36 @@ in_module() {
 	(cd "$m" && go "$verb" "$rel" "$@")
 }
 
+# step NAME COMMAND... runs one step of the suite. A step that fails does
+# not stop the others: its name, with the failing tests and packages of its
+# output, is kept for the summary, and test.sh exits 1 at the end.
+failed=()
+steps=0
+step() {
+	local name=$1 out=$work/step.log status=0
+	shift
+	steps=$((steps + 1))
+	"$@" 2>&1 | tee "$out" || status=$?
+	if [ "$status" != 0 ]; then
+		failed+=("$name (exit status $status)")
+		while read -r line; do failed+=("    $line"); done < <(grep -E '^(--- FAIL|FAIL[[:space:]]|panic:|WARNING: DATA RACE)' "$out" | sort -u)
+		log "FAILED: $name; going on with the other steps"
+	fi
+}
+in_dir() { (cd "$1" && shift && "$@"); }
+quiet() { "$@" >/dev/null; } # an example's output is long; its errors go to stderr
+
+# summary reports every failed step and exits 1 if there is one.
+summary() {
+	if [ ${#failed[@]} -eq 0 ]; then
+		log "all $steps steps passed"
+		exit 0
+	fi
+	log "failed steps, of $steps:"
+	printf '  %s\n' "${failed[@]}" >&2
+	exit 1
+}
+
 if [ $# -eq 0 ]; then
 	for m in "${modules[@]}"; do
 		# The library's own tests need no broker: RabbitMQ boots meanwhile.
@@ -403,23 +472,30 @@ if [ $# -eq 0 ]; then
 		for d in _examples/*/; do
 			if [ "$(module_of "./$d")" = "$m" ]; then examples+=("./$(realpath -m --relative-to="$m" "$d")"); fi
 		done
-		(cd "$m" && go vet ./... "${examples[@]}")
-		(cd "$m" && go test -race -count=1 ./...)
+		step "go vet in module $m" in_dir "$m" go vet ./... "${examples[@]}"
+		step "go test in module $m" in_dir "$m" go test -race -count=1 ./...
 	done
 	# The README's first command: it must keep working with no server at all.
-	in_module run ./_examples/quickstart >/dev/null
+	step "example quickstart" quiet in_module run ./_examples/quickstart
+	# The PostgreSQL example, twice at once: each run has tables of its own.
+	step "example postgres" in_module test ./_examples/postgres -race -count=1
 	# The metrics example checks its own /metrics page and fails without the counters.
-	in_module run ./_examples/metrics -addr 127.0.0.1:0 >/dev/null
+	step "example metrics" quiet in_module run ./_examples/metrics -addr 127.0.0.1:0
 	# NATS JetStream embedded in the process, redelivering three ways; it fails unless every order has one invoice.
-	in_module run ./_examples/nats-jetstream >/dev/null
+	step "example nats-jetstream" quiet in_module run ./_examples/nats-jetstream
 	# The complete loop on embedded Kafka; it fails unless every order has one invoice and one notification.
-	in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	step "example outbox-kafka-inbox" quiet in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN"
 	# Watermill's exactly-once-delivery-counter behind the inbox; it fails unless the counter equals the events.
-	in_module run ./_examples/exactly-once-counter -dsn "$INBOX_TEST_POSTGRES_DSN" >/dev/null
+	step "example exactly-once-counter" quiet in_module run ./_examples/exactly-once-counter -dsn "$INBOX_TEST_POSTGRES_DSN"
+	# Invoice emails through a River job and a sweeper; it fails unless every order has one invoice and an email, and
+	# (with -kill, its senders SIGKILLed after the mail server accepted an email) every duplicate email is explained.
+	step "example invoicing" quiet in_module run ./_examples/invoicing
+	step "example invoicing -kill" quiet in_module run ./_examples/invoicing -kill
+	step "example invoicing on PostgreSQL" quiet in_module run ./_examples/invoicing -dsn "$INBOX_TEST_POSTGRES_DSN"
 	# The library promises the Go version its go.mod names: its own tests pass
 	# with that toolchain (the module proxy serves it; CI fetches it first).
-	GOTOOLCHAIN=go$(min_go) go test -count=1 ./...
-	exit 0
+	step "go test with go$(min_go)" env GOTOOLCHAIN=go$(min_go) go test -count=1 ./...
+	summary
 fi
 
 # With arguments: go test flags and packages; each package is tested in its own module.
@@ -430,5 +506,6 @@ done
 [ ${#pkgs[@]} -gt 0 ] || pkgs=(./...)
 await_rabbitmq
 for p in "${pkgs[@]}"; do
-	in_module test "$p" -race -count=1 "${flags[@]}"
+	step "go test $p" in_module test "$p" -race -count=1 "${flags[@]}"
 done
+summary

@@ -2,6 +2,8 @@ package inbox
 
 import (
 	"fmt"
+	"path"
+	"reflect"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -108,6 +110,39 @@ func (e *engine) reportUnusedTx(s *session, msg *message.Message) {
 	e.config.Logger.Error("Inbox: the handler succeeded without taking the inbox transaction, so none of its SQL writes commit with the claim: after a crash its redelivery is acked as a duplicate and a write made elsewhere is lost or doubled. Write through inbox.TxFromContext(msg.Context()) (pgxinbox.TxFromContext on a native pgx store), not through the *sql.DB or another transaction; if the handler deliberately writes nothing in SQL, call inbox.TxNotNeeded(msg.Context()) in it. Logged once per consumer", ErrMiswired, watermill.LogFields{
 		"consumer": s.consumer, "event_id": s.eventID, "message_uuid": msg.UUID,
 	})
+}
+
+// reportWrongAccessor logs, once per consumer, a handler that asked
+// accessor for the transaction of a store that hands out another kind: it
+// got none, so it fails, panics on nil, or writes around the claim.
+func (e *engine) reportWrongAccessor(s *session, accessor string) {
+	e.wrongAccessorMu.Lock()
+	defer e.wrongAccessorMu.Unlock()
+	if e.wrongAccessor[s.consumer] {
+		return
+	}
+	if e.wrongAccessor == nil {
+		e.wrongAccessor = map[string]bool{}
+	}
+	e.wrongAccessor[s.consumer] = true
+	right := "inbox.TxFromContext(msg.Context()), which returns its *sql.Tx"
+	if _, ok := s.tx.(SQLTx); !ok {
+		right = storeAccessor(e.config.Store) + "(msg.Context())"
+	}
+	e.config.Logger.Error(fmt.Sprintf("Inbox: %s returned no transaction: the store (%T) hands out another kind; take it with %s. The handler got ok == false and none of its writes can commit with the claim. Logged once per consumer", accessor, e.config.Store, right), ErrMiswired, watermill.LogFields{
+		"consumer": s.consumer, "event_id": s.eventID, "message_uuid": s.msg.UUID,
+	})
+}
+
+// storeAccessor names the transaction accessor of store's package, by the
+// convention of this module's stores: pgxinbox.TxFromContext for a
+// *pgxinbox.Store.
+func storeAccessor(store Store) string {
+	t := reflect.TypeOf(store)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return path.Base(t.PkgPath()) + ".TxFromContext"
 }
 
 // markTxTaken records that the handler took the session's transaction.

@@ -12,7 +12,10 @@
 //
 // and in the handler:
 //
-//	tx, _ := pgxinbox.TxFromContext(msg.Context())
+//	tx, ok := pgxinbox.TxFromContext(msg.Context())
+//	if !ok {
+//		return inbox.ErrNotInInbox // inbox.TxFromContext here, or this one behind sqlinbox, is logged
+//	}
 //	_, err := tx.Exec(msg.Context(), `INSERT INTO invoices ...`)
 //
 // For an outbox in the same transaction, give watermill-sql v4 the
@@ -34,12 +37,9 @@ import (
 // claim; write the handler's effects through it. ok is false outside a
 // handler behind the inbox middleware, and when the store is not a [Store].
 // Do not commit or roll back the transaction yourself, return an error from
-// the handler instead.
+// the handler instead. Called behind a database/sql store (a
+// *sqlinbox.Store), it returns false and logs once per consumer, at error
+// level through inbox.Config.Logger, that inbox.TxFromContext fits.
 func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
-	t, ok := inbox.StoreTxFromContext(ctx)
-	if !ok {
-		return nil, false
-	}
-	tx, ok = t.(pgx.Tx)
-	return tx, ok
+	return inbox.StoreTxAs[pgx.Tx](ctx, "pgxinbox.TxFromContext")
 }

@@ -30,7 +30,9 @@ func setup(t *testing.T, sc sqlinbox.Config) *fixture {
 	sc.Table = testdb.Name("inbox")
 	store := newStore(t, sc)
 	require.NoError(t, store.CreateSchema(context.Background()))
-	t.Cleanup(func() { _, _ = store.Pool().Exec(context.Background(), "DROP TABLE IF EXISTS "+sc.Table) })
+	t.Cleanup(func() {
+		_, _ = store.Pool().Exec(context.Background(), "DROP TABLE IF EXISTS "+sc.Table+", "+store.RegistryTable())
+	})
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 	require.NoError(t, err)
 	return &fixture{store: store, mw: mw}
@@ -208,7 +210,9 @@ func TestClaimTimeoutKeepsSessionLockTimeout(t *testing.T) {
 			table := testdb.Name("inbox")
 			store, err := pgxinbox.NewStore(pool, sqlinbox.Config{Table: table, Partitioning: mode, ClaimTimeout: 250 * time.Millisecond})
 			require.NoError(t, err)
-			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			t.Cleanup(func() {
+				_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+store.RegistryTable())
+			})
 			require.NoError(t, store.CreateSchema(ctx))
 			mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 			require.NoError(t, err)

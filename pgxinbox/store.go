@@ -29,10 +29,11 @@ import (
 // database/sql on connections of the same pool, with the SQL of a
 // [sqlinbox.Store] configured alike.
 type Store struct {
-	sql   *sqlinbox.Store
-	db    *sql.DB
-	pool  *pgxpool.Pool
-	claim maintenance.ClaimSQL
+	sql      *sqlinbox.Store
+	db       *sql.DB
+	pool     *pgxpool.Pool
+	maxConns int // the pool's MaxConns
+	claim    maintenance.ClaimSQL
 
 	mu       sync.Mutex  // serialises the layout check
 	verified atomic.Bool // set by the first claim that succeeds
@@ -42,6 +43,8 @@ var (
 	_ inbox.Store              = (*Store)(nil)
 	_ inbox.EventIDChecker     = (*Store)(nil)
 	_ inbox.FingerprintChecker = (*Store)(nil)
+	_ inbox.ConsumerRegistry   = (*Store)(nil)
+	_ inbox.ClaimPool          = (*Store)(nil)
 )
 
 // NewStore returns a Store for pool, configured as a [sqlinbox.Store]:
@@ -60,14 +63,23 @@ func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
 	if mode := pool.Config().ConnConfig.DefaultQueryExecMode; config.TransactionPooling && !poolerSafe(mode) {
 		return nil, fmt.Errorf("pgxinbox: invalid config: TransactionPooling is set, but the pool's default query exec mode (%s) relies on the server connection of one statement serving the next, which a transaction-pooling proxy does not give: add default_query_exec_mode=exec to the DSN (or set ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec), see docs/poolers.md", mode)
 	}
+	maxConns := int(pool.Config().MaxConns)
+	if maxConns < 2 {
+		return nil, fmt.Errorf("pgxinbox: invalid config: the pool opens at most %d connection, and each message in flight holds one for its whole handler: give it at least 2 (pool_max_conns), so that the inbox can leave one free for everything else (pgxpool does not count the callers waiting for a connection, so a handler asking a pool of one for a second connection could not even be detected)", maxConns)
+	}
 	db := stdlib.OpenDBFromPool(pool)
 	s, err := sqlinbox.New(db, config)
 	if err != nil {
 		_ = db.Close()
 		return nil, err
 	}
-	return &Store{sql: s, db: db, pool: pool, claim: s.Maintenance().ClaimSQL()}, nil
+	return &Store{sql: s, db: db, pool: pool, maxConns: maxConns, claim: s.Maintenance().ClaimSQL()}, nil
 }
+
+// ClaimPool implements [inbox.ClaimPool]: the pool and its MaxConns, so
+// that the middleware leaves one connection free; pgxpool does not count
+// the callers waiting for a connection.
+func (s *Store) ClaimPool() (pool any, maxConns int, waits int64) { return s.pool, s.maxConns, -1 }
 
 // Pool returns the pool the store claims on.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
@@ -80,6 +92,18 @@ func (s *Store) CreateSchema(ctx context.Context) error { return s.sql.CreateSch
 
 // SchemaSQL is [sqlinbox.Store.SchemaSQL].
 func (s *Store) SchemaSQL() string { return s.sql.SchemaSQL() }
+
+// RegistryTable is [sqlinbox.Store.RegistryTable].
+func (s *Store) RegistryTable() string { return s.sql.RegistryTable() }
+
+// RegisterConsumer implements [inbox.ConsumerRegistry] as
+// [sqlinbox.Store.RegisterConsumer] does, on a connection of the pool.
+func (s *Store) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
+	return s.sql.RegisterConsumer(ctx, consumer, service)
+}
+
+// SchemaStatements is [sqlinbox.Store.SchemaStatements].
+func (s *Store) SchemaStatements() []string { return s.sql.SchemaStatements() }
 
 // AddFingerprintColumnSQL is [sqlinbox.Store.AddFingerprintColumnSQL].
 func (s *Store) AddFingerprintColumnSQL() string { return s.sql.AddFingerprintColumnSQL() }

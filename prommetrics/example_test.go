@@ -108,6 +108,7 @@ func ExampleRules() {
 	// - alert: WatermillInboxPurgeStopped
 	// - alert: WatermillInboxTableUnreadable
 	// - alert: WatermillInboxPurgeFailing
+	// - alert: WatermillInboxPartitionBlocked
 	// - alert: WatermillInboxStaleEvents
 	// - alert: WatermillInboxEventIDReused
 	// - alert: WatermillInboxMiswired

@@ -52,6 +52,7 @@ type Metrics struct {
 	purgeRounds  *prometheus.CounterVec
 	purgeDeleted *prometheus.CounterVec
 	purgeTime    *prometheus.HistogramVec
+	blocked      *prometheus.GaugeVec
 
 	reg       prometheus.Registerer // for WatchOldest
 	namespace string
@@ -125,8 +126,13 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 			Help:      "Duration of purge rounds that ran, by table.",
 			Buckets:   purgeBuckets,
 		}, []string{"table"}),
+		blocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "purge_partitions_blocked",
+			Help:      "Partitions the last purge round of the table could not create, because the default partition holds rows of their period (events dated ahead of the clock, on a table partitioned by event time): claims of those periods land in the default partition.",
+		}, []string{"table"}),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.stale, m.hookFailures, m.claim, m.duration, m.purgeRounds, m.purgeDeleted, m.purgeTime} {
+	for _, c := range []prometheus.Collector{m.messages, m.stale, m.hookFailures, m.claim, m.duration, m.purgeRounds, m.purgeDeleted, m.purgeTime, m.blocked} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("prommetrics: registering inbox metrics: %w", err)
 		}
@@ -175,6 +181,17 @@ func (m *Metrics) ObservePurge(table string, deleted int64, d time.Duration, err
 	}
 	m.purgeDeleted.WithLabelValues(table).Add(float64(deleted))
 	m.purgeTime.WithLabelValues(table).Observe(d.Seconds())
+}
+
+// PartitionsBlocked returns the purge hook that records, after each round
+// on table, how many partitions it could not create
+// (purge_partitions_blocked), which the rule WatermillInboxPartitionBlocked
+// alerts on:
+//
+//	purge.New(store, purge.Config{Retention: r, OnRound: metrics.PurgeRound(store.Table()),
+//		OnPartitionsBlocked: metrics.PartitionsBlocked(store.Table())})
+func (m *Metrics) PartitionsBlocked(table string) func(partitions []string) {
+	return func(partitions []string) { m.blocked.WithLabelValues(table).Set(float64(len(partitions))) }
 }
 
 // skipped reports whether err is purge.ErrSkipped, by its Skipped method:

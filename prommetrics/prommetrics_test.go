@@ -228,3 +228,51 @@ func TestRegistersOnce(t *testing.T) {
 	_, err = prommetrics.New(reg, "other")
 	require.NoError(t, err, "another namespace is another set of metrics")
 }
+
+// A period blocked by an event dated ahead of the clock: the purge's rounds
+// report its partition through the hook until its row is moved into it.
+func TestPartitionsBlocked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.Postgres(t, "pgx")
+	table := testdb.Table(t, db, "inbox")
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: sqlinbox.Daily, PartitionKey: sqlinbox.EventIDTime})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(ctx))
+	partition, ahead := testdb.BlockLastTimePartition(t, db, table)
+	tx, _, err := store.Claim(ctx, nil, "billing", testdb.UUIDv7(ahead, "dated ahead"), nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	reg := prometheus.NewRegistry()
+	metrics, err := prommetrics.New(reg, "")
+	require.NoError(t, err)
+	p, err := purge.New(store, purge.Config{Retention: 14 * 24 * time.Hour, OnPartitionsBlocked: metrics.PartitionsBlocked(table)})
+	require.NoError(t, err)
+	blocked := func(n int) string {
+		return fmt.Sprintf(`
+# HELP watermill_inbox_purge_partitions_blocked Partitions the last purge round of the table could not create, because the default partition holds rows of their period (events dated ahead of the clock, on a table partitioned by event time): claims of those periods land in the default partition.
+# TYPE watermill_inbox_purge_partitions_blocked gauge
+watermill_inbox_purge_partitions_blocked{table=%q} %d
+`, table, n)
+	}
+	_, err = p.PurgeOnce(ctx)
+	require.NoError(t, err)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(blocked(1)), "watermill_inbox_purge_partitions_blocked"))
+
+	sess, busy, err := store.Maintenance().BeginPurge(ctx)
+	require.NoError(t, err)
+	require.Nil(t, busy)
+	parts, err := sess.CreatePartitions(ctx, purge.DefaultPartitionsAhead, time.Second)
+	require.NoError(t, err)
+	require.Len(t, parts.Blocked, 1)
+	require.Equal(t, partition, parts.Blocked[0].Name)
+	moved, err := sess.MoveBlocked(ctx, parts.Blocked[0], time.Second)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, moved)
+	require.NoError(t, sess.Close())
+
+	_, err = p.PurgeOnce(ctx)
+	require.NoError(t, err)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(blocked(0)), "watermill_inbox_purge_partitions_blocked"))
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,7 +75,9 @@ func TestPartitionsCreatedAndDropped(t *testing.T) {
 
 	logs := watermill.NewCaptureLogger()
 	var batches []int64
-	p := b.purger(t, purge.Config{Retention: 3 * day, PartitionsAhead: 2, Logger: logs, OnBatch: func(n int64) { batches = append(batches, n) }})
+	var blocked [][]string
+	p := b.purger(t, purge.Config{Retention: 3 * day, PartitionsAhead: 2, Logger: logs, OnBatch: func(n int64) { batches = append(batches, n) },
+		OnPartitionsBlocked: func(partitions []string) { blocked = append(blocked, partitions) }})
 	counts, err := p.DryRun(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, map[string]int64{"billing": 157, "mailer": 20}, counts)
@@ -92,14 +95,28 @@ func TestPartitionsCreatedAndDropped(t *testing.T) {
 	// Today's rows already sit in the default partition, so today cannot
 	// get a partition of its own; tomorrow and after can.
 	require.Equal(t, []string{p2, tomorrow, after}, partitions(t, b.store))
-	require.True(t, logs.Has(watermill.CapturedMessage{Level: watermill.InfoLogLevel, Msg: "Inbox partition not created: its rows are already in the default partition, which row deletes purge",
-		Fields: watermill.LogFields{"table": b.table, "partition": b.table + "_p" + dbDay(t, b.db, 0).Format("20060102")}}))
+	today := b.table + "_p" + dbDay(t, b.db, 0).Format("20060102")
+	require.Equal(t, [][]string{{today}}, blocked)
+	blockedLogs := func(level watermill.LogLevel) int {
+		n := 0
+		for _, m := range logs.Captured()[level] {
+			if m.Fields["partition"] == today && strings.HasPrefix(m.Msg, "Inbox partition") {
+				n++
+			}
+		}
+		return n
+	}
+	require.Equal(t, 1, blockedLogs(watermill.ErrorLogLevel), "a blocked partition is an error the first time")
 
-	// The next round has nothing to do.
+	// The next round has nothing to do; today is still blocked, said at
+	// info level this time.
 	deleted, err = p.PurgeOnce(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, deleted)
 	require.Equal(t, []string{p2, tomorrow, after}, partitions(t, b.store))
+	require.Equal(t, [][]string{{today}, {today}}, blocked)
+	require.Equal(t, 1, blockedLogs(watermill.ErrorLogLevel))
+	require.Equal(t, 1, blockedLogs(watermill.InfoLogLevel))
 }
 
 // Monthly partitions are named by month and start with the current one;
@@ -163,4 +180,40 @@ func TestDropWaitsAtMostLockTimeout(t *testing.T) {
 	require.EqualValues(t, 10, deleted)
 	require.NotContains(t, partitions(t, b.store), old)
 	require.Equal(t, map[string]int64{"billing": 1}, b.rows(t))
+}
+
+// Moving a blocked period's rows on a table partitioned by processed_at,
+// whose fingerprint column came later: every row lands in the new
+// partition, column for column, and its event stays a duplicate.
+func TestMoveBlockedKeepsClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t, postgres, func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Daily })
+	partition, within := testdb.BlockLastTimePartition(t, b.db, b.table)
+	b.seed(t, "billing", "ahead-", 5, -time.Until(within)) // rows of the dropped period: in the default partition
+	_, err := b.db.Exec(`ALTER TABLE ` + b.table + ` ADD COLUMN fingerprint bytea`)
+	require.NoError(t, err)
+	_, err = b.db.Exec(`UPDATE ` + b.table + ` SET fingerprint = '\x01'`)
+	require.NoError(t, err)
+
+	sess, busy, err := b.store.Maintenance().BeginPurge(context.Background())
+	require.NoError(t, err)
+	require.Nil(t, busy)
+	defer sess.Close() //nolint:errcheck // the test fails anyway
+	parts, err := sess.CreatePartitions(context.Background(), purge.DefaultPartitionsAhead, time.Second)
+	require.NoError(t, err)
+	require.Len(t, parts.Blocked, 1)
+	require.Equal(t, partition, parts.Blocked[0].Name)
+	moved, err := sess.MoveBlocked(context.Background(), parts.Blocked[0], time.Second)
+	require.NoError(t, err)
+	require.EqualValues(t, 5, moved)
+	parts, err = sess.CreatePartitions(context.Background(), purge.DefaultPartitionsAhead, time.Second)
+	require.NoError(t, err)
+	require.Empty(t, parts.Blocked)
+
+	var n, withFingerprint int
+	require.NoError(t, b.db.QueryRow(`SELECT count(*), count(fingerprint) FROM `+partition).Scan(&n, &withFingerprint))
+	require.Equal(t, 5, n)
+	require.Equal(t, 5, withFingerprint)
+	require.Equal(t, map[string]int64{"billing": 5}, b.rows(t))
+	require.False(t, b.claim(t, "billing", "ahead-1"), "a moved claim still makes its event a duplicate")
 }

@@ -160,6 +160,18 @@ type Config struct {
 	// Defaults to nil.
 	OnRound func(deleted int64, took time.Duration, err error)
 
+	// OnPartitionsBlocked, when set, is called after every round on a
+	// partitioned table that created its partitions, with the names of
+	// those it could not create because the default partition already
+	// holds rows of their period (none: an empty slice), such as
+	// events dated ahead of the clock on a table partitioned by event
+	// time: the hook for an alert, such as a prommetrics.Metrics'
+	// PartitionsBlocked with the table bound. Until someone moves those
+	// rows (inbox schema -apply, see inbox check), every claim of such a
+	// period lands in the default partition, purged row by row. Defaults
+	// to nil.
+	OnPartitionsBlocked func(partitions []string)
+
 	// OnBatch, when set, is called after each batch of deletes and each
 	// dropped partition, with the rows it removed, from the goroutine
 	// running the round, which waits for it: the hook for a progress
@@ -260,8 +272,9 @@ type Purger struct {
 	config Config
 	scopes []maintenance.PurgeScope
 
-	running sync.Mutex // held by a round, so rounds in one process never overlap
-	batch   int        // current batch size, shrunk after timeouts; guarded by running
+	running sync.Mutex      // held by a round, so rounds in one process never overlap
+	batch   int             // current batch size, shrunk after timeouts; guarded by running
+	blocked map[string]bool // partitions reported blocked, logged as errors once; guarded by running
 }
 
 // New validates config and returns a Purger for store's table. It does not
@@ -439,9 +452,7 @@ func (p *Purger) partitions(ctx context.Context, sess maintenance.PurgeSession, 
 	for _, part := range parts.Created {
 		r.created = append(r.created, part.Name)
 	}
-	for _, part := range parts.Blocked {
-		p.config.Logger.Info("Inbox partition not created: its rows are already in the default partition, which row deletes purge", watermill.LogFields{"table": p.store.Table(), "partition": part.Name})
-	}
+	p.reportBlocked(parts.Blocked, err == nil)
 	for _, part := range parts.TimedOut {
 		p.logLockTimeout("Inbox partition not created", part)
 	}
@@ -451,6 +462,38 @@ func (p *Purger) partitions(ctx context.Context, sess maintenance.PurgeSession, 
 	// Creating and dropping are independent: a table lock that times out
 	// for one must not keep the other from happening.
 	return errors.Join(err, p.dropExpired(ctx, sess, r))
+}
+
+// errPartitionBlocked is the error of the log line about a blocked
+// partition.
+var errPartitionBlocked = errors.New("the default partition holds rows of the partition's period")
+
+// reportBlocked logs each partition that could not be created, as an
+// error the first round it is seen (later rounds at info level), and,
+// when the round created its partitions (complete), hands the list to
+// OnPartitionsBlocked.
+func (p *Purger) reportBlocked(blocked []maintenance.Partition, complete bool) {
+	names := []string{}
+	seen := map[string]bool{}
+	for _, part := range blocked {
+		names = append(names, part.Name)
+		seen[part.Name] = true
+		fields := watermill.LogFields{"table": p.store.Table(), "partition": part.Name}
+		if p.blocked[part.Name] {
+			p.config.Logger.Info("Inbox partition still not created: the default partition holds rows of its period", fields)
+			continue
+		}
+		p.config.Logger.Error("Inbox partition not created: the default partition already holds rows of its period "+
+			"(events dated ahead of the clock, on a table partitioned by event time; claims made while no partition covered it, on one partitioned by processed_at), "+
+			"so every claim of the period lands there too, purged row by row. inbox check lists those rows; inbox schema -apply moves them into the partition", errPartitionBlocked, fields)
+	}
+	if !complete {
+		maps.Copy(seen, p.blocked) // a partial list: forget none
+	}
+	p.blocked = seen
+	if complete && p.config.OnPartitionsBlocked != nil {
+		p.config.OnPartitionsBlocked(names)
+	}
 }
 
 // dropExpired drops the partitions whose every row is past the retention.

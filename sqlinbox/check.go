@@ -177,8 +177,10 @@ func (m maintainer) fingerprintFinding(q maintenanceQueries, cols []column) main
 
 // partitionsFinding wants the partitions of the next ahead periods, by the
 // database clock, and the default partition. The current period's
-// partition is not required: once rows of the period went to the default
-// partition it cannot be created, and the purge deletes them there.
+// partition is not required: the purge deletes rows of the period from the
+// default partition. A period of these without its partition whose rows
+// the default partition already holds is listed as blocked: no purge can
+// create its partition until they are moved (PurgeSession.MoveBlocked).
 func (m maintainer) partitionsFinding(ctx context.Context, q maintenanceQueries, ahead int) (maintenance.Finding, error) {
 	f := maintenance.Finding{Aspect: maintenance.AspectPartitions}
 	parts, err := timePartitions(ctx, m.s.db, m.s.table)
@@ -193,13 +195,26 @@ func (m maintainer) partitionsFinding(ctx context.Context, q maintenanceQueries,
 	if err != nil {
 		return f, err
 	}
+	hasDefault := slices.ContainsFunc(stats, func(p maintenance.PartitionStats) bool { return p.Default })
 	var missing []string
-	for i := 1; i <= ahead; i++ {
-		if part := partitionFor(m.s.table, m.s.config.Partitioning, now, i); !covered(parts, part) {
+	for i := 0; i <= ahead; i++ {
+		part := partitionFor(m.s.table, m.s.config.Partitioning, now, i)
+		if covered(parts, part) {
+			continue
+		}
+		if i > 0 {
 			missing = append(missing, part.Name)
 		}
+		if hasDefault {
+			b, err := blockedPeriod(ctx, m.s.db, m.s.table, m.s.config.PartitionKey, part)
+			if err != nil {
+				return f, err
+			}
+			if b.Rows > 0 {
+				f.Blocked = append(f.Blocked, b)
+			}
+		}
 	}
-	hasDefault := slices.ContainsFunc(stats, func(p maintenance.PartitionStats) bool { return p.Default })
 	f.OK = len(missing) == 0 && hasDefault
 	f.Found = fmt.Sprintf("%d time partitions", len(parts))
 	if len(parts) > 0 {

@@ -23,6 +23,8 @@ type Dialect interface {
 	// setting takes, and that setting; 0 where ClaimTimeout is refused
 	// anyway.
 	claimTimeoutLimit() (time.Duration, string)
+	// registry builds the statements of the table's consumer registry.
+	registry(t tableName) registryQueries
 }
 
 // queries holds a store's SQL text, built once. Differences between dialects
@@ -35,14 +37,12 @@ type queries struct {
 	// schemaObjects, when set, names the relation each statement of schema
 	// creates, and CreateSchema runs only the statements whose relation is
 	// missing, in one transaction that first takes the schema lock, under a
-	// lock timeout (PostgreSQL: even CREATE INDEX IF NOT
-	// EXISTS first takes a lock that waits for every transaction writing
-	// to the table, and claims queue behind that wait).
+	// lock timeout (PostgreSQL: even CREATE INDEX IF NOT EXISTS first takes
+	// a lock that waits for every transaction writing to the table, and
+	// claims queue behind that wait). partitionsStep marks the DO block
+	// creating the coming time partitions: CreateSchema makes them one by
+	// one instead, each under a lock timeout, as the purge does.
 	schemaObjects []tableName
-	// schemaPartitions, when set, creates the coming time partitions, last
-	// in SchemaSQL's script; CreateSchema makes them one by one instead,
-	// each under a lock timeout, as the purge does.
-	schemaPartitions string
 	// claim inserts (consumer, event_id) and affects one row when the pair is
 	// new, zero when it already exists; it must never fail on a conflict.
 	claim string
@@ -74,6 +74,8 @@ type queries struct {
 	// configErr, when set, is why the dialect cannot honour the Config; New
 	// returns it.
 	configErr error
+	// registry is the consumer registry's SQL; its table ends schema.
+	registry registryQueries
 }
 
 // sqlState is implemented by PostgreSQL driver errors (lib/pq's *pq.Error and

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"fmt"
 	"log"
+	"strings"
 
 	_ "github.com/lib/pq"
 
@@ -32,4 +33,36 @@ func ExampleStore_SchemaSQL() {
 	// );
 	//
 	// CREATE INDEX IF NOT EXISTS "inbox_processed_at_idx" ON "billing"."inbox" (processed_at);
+	//
+	// CREATE TABLE IF NOT EXISTS "billing"."inbox_consumers" (
+	// 	consumer      text        NOT NULL PRIMARY KEY CHECK (octet_length(consumer) BETWEEN 1 AND 255),
+	// 	service       text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
+	// 	registered_at timestamptz NOT NULL DEFAULT now()
+	// );
+}
+
+// SchemaStatements hands the same DDL statement by statement, for a
+// migration tool that takes statements: on a partitioned table one of them
+// is a DO block with semicolons of its own, which a tool splitting a script
+// at semicolons would cut apart. The last one creates the consumer registry.
+func ExampleStore_SchemaStatements() {
+	db, err := sql.Open("postgres", "postgres://migrations.invalid/app") // opened lazily, never used
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Partitioning: sqlinbox.Daily})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, stmt := range store.SchemaStatements() {
+		first, _, _ := strings.Cut(stmt, "\n")
+		fmt.Printf("%s, semicolons inside: %t\n", first, strings.Contains(stmt, ";"))
+	}
+	// Output:
+	// CREATE TABLE IF NOT EXISTS "watermill_inbox" (, semicolons inside: false
+	// CREATE TABLE IF NOT EXISTS "watermill_inbox_default" PARTITION OF "watermill_inbox" DEFAULT, semicolons inside: false
+	// CREATE INDEX IF NOT EXISTS "watermill_inbox_processed_at_idx" ON "watermill_inbox" (processed_at), semicolons inside: false
+	// DO $$, semicolons inside: true
+	// CREATE TABLE IF NOT EXISTS "watermill_inbox_consumers" (, semicolons inside: false
 }

@@ -64,6 +64,15 @@ func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
 	}
 }
 
+// DownSQL implements maintenance.Store.
+func (m maintainer) DownSQL() (dropTable, dropFingerprint string) {
+	q, err := m.queries()
+	if err != nil {
+		return "", ""
+	}
+	return q.dropTable, q.dropFingerprint
+}
+
 // maintenanceDialect is what a dialect offers the maintenance seam besides
 // the purge: statistics, checks, and forgetting claims.
 type maintenanceDialect interface {
@@ -82,7 +91,8 @@ type maintenanceQueries struct {
 	now string
 	// consumerStats returns, per consumer: the consumer, its rows, the
 	// oldest and newest processed_at, and its rows of the last hour and of
-	// the last day by the database clock.
+	// the last day by the database clock; on a table partitioned by event
+	// time, then the oldest and newest event_time.
 	consumerStats string
 	// sizes returns the bytes of the table (all its partitions) and of its
 	// indexes, NULL when unknown.
@@ -129,6 +139,10 @@ type maintenanceQueries struct {
 	// wantColumns are the columns the configuration needs, with their
 	// types; fingerprint is wanted only with Config.Fingerprints.
 	wantColumns map[string]string
+
+	// dropTable and dropFingerprint undo the schema and the fingerprint
+	// column, for a migration tool's down step.
+	dropTable, dropFingerprint string
 }
 
 // placeholders renders n placeholders from the first-th on, separated by

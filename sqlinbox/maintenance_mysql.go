@@ -49,10 +49,12 @@ FROM %s GROUP BY consumer`, utc("MIN(processed_at)"), utc("MAX(processed_at)"), 
 		forgetDelete: func(n int) string {
 			return fmt.Sprintf("DELETE FROM %s WHERE consumer = ? AND event_id IN (%s)", table, ids(n))
 		},
-		columns:     "SELECT column_name, column_type FROM information_schema.columns WHERE " + where + " ORDER BY ordinal_position",
-		primaryKey:  "SELECT column_name FROM information_schema.statistics WHERE " + where + " AND index_name = 'PRIMARY' ORDER BY seq_in_index",
-		indexLeads:  "SELECT column_name FROM information_schema.statistics WHERE " + where + " AND seq_in_index = 1",
-		wantColumns: map[string]string{"consumer": "varbinary(255)", "event_id": idType, "processed_at": "datetime(6)", "fingerprint": "varbinary(64)"},
+		columns:         "SELECT column_name, column_type FROM information_schema.columns WHERE " + where + " ORDER BY ordinal_position",
+		primaryKey:      "SELECT column_name FROM information_schema.statistics WHERE " + where + " AND index_name = 'PRIMARY' ORDER BY seq_in_index",
+		indexLeads:      "SELECT column_name FROM information_schema.statistics WHERE " + where + " AND seq_in_index = 1",
+		wantColumns:     map[string]string{"consumer": "varbinary(255)", "event_id": idType, "processed_at": "datetime(6)", "fingerprint": "varbinary(64)"},
+		dropTable:       "DROP TABLE IF EXISTS " + table,
+		dropFingerprint: "ALTER TABLE " + table + " DROP COLUMN IF EXISTS fingerprint",
 	}
 }
 

@@ -56,9 +56,17 @@ FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s`
 WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.n`, reg),
 		indexLeads:  fmt.Sprintf(`SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] WHERE i.indrelid = %s`, reg),
 		wantColumns: map[string]string{"consumer": "text", "event_id": idType, "processed_at": "timestamp with time zone", "fingerprint": "bytea"},
+		// A partitioned table's partitions go with it.
+		dropTable:       "DROP TABLE IF EXISTS " + table,
+		dropFingerprint: "ALTER TABLE " + table + " DROP COLUMN IF EXISTS fingerprint",
 	}
 	if c.PartitionKey == EventIDTime {
 		q.wantColumns["event_time"] = "timestamp with time zone"
+		q.consumerStats = fmt.Sprintf(`SELECT consumer, count(*), %s, %s,
+	count(*) FILTER (WHERE processed_at >= now() - interval '1 hour'),
+	count(*) FILTER (WHERE processed_at >= now() - interval '1 day'),
+	%s, %s
+FROM %s GROUP BY consumer`, pgUTC("min(processed_at)"), pgUTC("max(processed_at)"), pgUTC("min(event_time)"), pgUTC("max(event_time)"), table)
 		// Each id's time routes its placeholder to the partition its
 		// claim would go to, where the key's index entry is the lock.
 		q.forgetProbe = func(n int) string {

@@ -42,6 +42,9 @@ FROM %s GROUP BY consumer`, table),
 		primaryKey:  fmt.Sprintf("SELECT name FROM %s WHERE pk > 0 ORDER BY pk", pragma("table_info", t.name)),
 		indexLeads:  fmt.Sprintf("SELECT ii.name FROM %s AS il, pragma_index_info(il.name, '%s') AS ii WHERE ii.seqno = 0", pragma("index_list", t.name), schema),
 		wantColumns: map[string]string{"consumer": "text", "event_id": "text", "processed_at": "text", "fingerprint": "blob"},
+		dropTable:   "DROP TABLE IF EXISTS " + table,
+		// SQLite has no DROP COLUMN IF EXISTS.
+		dropFingerprint: "ALTER TABLE " + table + " DROP COLUMN fingerprint",
 	}
 }
 

@@ -142,9 +142,9 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 			pgCreateTable(table, idType, fpCol, "consumer, event_id, processed_at", " PARTITION BY RANGE (processed_at)"),
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s DEFAULT`, t.derived(defaultPartitionSuffix).quoted('"'), table),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
+			pgCreatePartitions(t, c),
 		},
-		schemaObjects:    []tableName{t, t.derived(defaultPartitionSuffix), t.derived("processed_at_idx")},
-		schemaPartitions: pgCreatePartitions(t, c),
+		schemaObjects: []tableName{t, t.derived(defaultPartitionSuffix), t.derived("processed_at_idx"), partitionsStep},
 		// The primary key's (consumer, event_id) prefix makes the lookup
 		// one index probe per partition. ON CONFLICT DO NOTHING still
 		// guards the same-microsecond case the key does see.
@@ -363,10 +363,7 @@ func makePartitions(ctx context.Context, db conner, t tableName, c Config, ahead
 			out.Blocked = append(out.Blocked, part)
 			continue
 		}
-		stmt := fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
-			tableName{schema: t.schema, name: part.Name}.quoted('"'), t.quoted('"'),
-			part.From.Format(pgTimestamp), part.To.Format(pgTimestamp))
-		err = pgDDL(ctx, db, t, stmt, lockTimeout)
+		err = pgDDL(ctx, db, t, createPartition(t, part), lockTimeout)
 		switch {
 		case err == nil:
 			out.Created = append(out.Created, part)
@@ -383,6 +380,107 @@ func makePartitions(ctx context.Context, db conner, t tableName, c Config, ahead
 }
 
 const pgTimestamp = "2006-01-02 15:04:05Z07:00"
+
+// createPartition is the DDL of one time partition of t.
+func createPartition(t tableName, part maintenance.Partition) string {
+	return fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
+		tableName{schema: t.schema, name: part.Name}.quoted('"'), t.quoted('"'),
+		part.From.Format(pgTimestamp), part.To.Format(pgTimestamp))
+}
+
+// blockedPeriod reports how many rows of part's period the default
+// partition holds (through the index on the partition key it has), with
+// the first and last of their key: while it holds any, the partition
+// cannot be created.
+func blockedPeriod(ctx context.Context, db rowQuerier, t tableName, key PartitionKey, part maintenance.Partition) (maintenance.BlockedPeriod, error) {
+	b := maintenance.BlockedPeriod{Partition: part}
+	col := key.column()
+	var first, last sql.NullString
+	err := db.QueryRowContext(ctx, fmt.Sprintf(`SELECT count(*), %s, %s FROM %s WHERE %s >= $1 AND %s < $2`,
+		pgUTC("min("+col+")"), pgUTC("max("+col+")"), t.derived(defaultPartitionSuffix).quoted('"'), col, col),
+		part.From, part.To).Scan(&b.Rows, &first, &last)
+	if err != nil || b.Rows == 0 {
+		return b, err
+	}
+	if b.First, err = parseTime(first.String); err != nil {
+		return b, err
+	}
+	b.Last, err = parseTime(last.String)
+	return b, err
+}
+
+// MoveBlocked implements maintenance.PurgeSession. The exclusive lock
+// keeps claims out of the default partition while its rows of the period
+// move: they park in a temporary table, the partition is created over the
+// emptied range, and they go back through the parent into it. The columns
+// are named, in the parent's order, so that a default partition whose
+// columns are in another order (a fingerprint column added later) moves
+// them right.
+func (p *purgeSession) MoveBlocked(ctx context.Context, part maintenance.Partition, lockTimeout time.Duration) (int64, error) {
+	if err := p.partitioned(); err != nil {
+		return 0, err
+	}
+	if _, ok := parsePartition(p.s.table, part.Name); !ok {
+		return 0, fmt.Errorf("sqlinbox: %q is not a time partition of %s", part.Name, p.s.table)
+	}
+	if err := p.checkLock(ctx); err != nil {
+		return 0, err
+	}
+	moved, err := p.moveBlocked(ctx, part, lockTimeout)
+	if err = pgDDLErr(err); errors.Is(err, maintenance.ErrLockTimeout) {
+		return 0, fmt.Errorf("sqlinbox: moving the default partition's rows into partition %s of %s: %w", part.Name, p.s.table, err)
+	}
+	if err != nil {
+		return 0, p.fail(ctx, "moving the default partition's rows into partition "+part.Name+" of", err)
+	}
+	return moved, nil
+}
+
+func (p *purgeSession) moveBlocked(ctx context.Context, part maintenance.Partition, lockTimeout time.Duration) (int64, error) {
+	table, col := p.s.table.quoted('"'), p.s.config.PartitionKey.column()
+	tx, err := p.conn.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	// The schema lock first, as every partition DDL takes it.
+	if _, err := tx.ExecContext(ctx, pgSchemaLock(p.s.table)); err != nil {
+		return 0, err
+	}
+	if err := pgSetLockTimeout(ctx, tx, lockTimeout); err != nil {
+		return 0, err
+	}
+	var cols string
+	for _, stmt := range []string{
+		`LOCK TABLE ` + table + ` IN ACCESS EXCLUSIVE MODE`,
+		`CREATE TEMPORARY TABLE watermill_inbox_moving (LIKE ` + table + `) ON COMMIT DROP`,
+	} {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return 0, err
+		}
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, table).Scan(&cols); err != nil {
+		return 0, err
+	}
+	res, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH moved AS (DELETE FROM %s WHERE %s >= $1 AND %s < $2 RETURNING %s) INSERT INTO watermill_inbox_moving (%s) SELECT %s FROM moved`,
+		p.s.table.derived(defaultPartitionSuffix).quoted('"'), col, col, cols, cols, cols), part.From, part.To)
+	if err != nil {
+		return 0, err
+	}
+	moved, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	for _, stmt := range []string{
+		createPartition(p.s.table, part),
+		fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM watermill_inbox_moving`, table, cols, cols),
+	} {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return 0, err
+		}
+	}
+	return moved, tx.Commit()
+}
 
 // ExpiredPartitions implements maintenance.PurgeSession.
 func (p *purgeSession) ExpiredPartitions(ctx context.Context, olderThan time.Duration) ([]maintenance.Partition, error) {

@@ -17,6 +17,10 @@ import (
 // deploy.
 const SchemaLockTimeout = time.Second
 
+// partitionsStep stands in schemaObjects for the statement creating the
+// coming time partitions.
+var partitionsStep = tableName{}
+
 // ErrLockTimeout is wrapped by the error of DDL that did not get its table
 // lock within its lock timeout and gave up, changing nothing: CreateSchema
 // adding the index of an existing table (SchemaLockTimeout), or the purge
@@ -29,9 +33,9 @@ var ErrLockTimeout = maintenance.ErrLockTimeout
 // what is missing in one transaction, then the partitions one by one.
 func (s *Store) createSchemaPostgres(ctx context.Context) error {
 	if err := s.createMissing(ctx); err != nil {
-		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 	}
-	if s.q.schemaPartitions == "" {
+	if s.config.Partitioning == NoPartitioning {
 		return nil
 	}
 	parts, err := makePartitions(ctx, s.db, s.table, s.config, SchemaPartitionsAhead, SchemaLockTimeout)
@@ -69,12 +73,16 @@ func (s *Store) createMissing(ctx context.Context) error {
 		return err
 	}
 	probes := make([]string, len(s.q.schemaObjects))
-	args := make([]any, len(s.q.schemaObjects))
+	var args []any
 	exists := make([]any, len(s.q.schemaObjects))
 	for i, obj := range s.q.schemaObjects {
-		probes[i] = fmt.Sprintf("to_regclass($%d) IS NOT NULL", i+1)
-		args[i] = obj.quoted('"')
 		exists[i] = new(bool)
+		if obj == partitionsStep { // made by makePartitions instead
+			probes[i] = "true"
+			continue
+		}
+		args = append(args, obj.quoted('"'))
+		probes[i] = fmt.Sprintf("to_regclass($%d) IS NOT NULL", len(args))
 	}
 	if err := tx.QueryRowContext(ctx, "SELECT "+strings.Join(probes, ", "), args...).Scan(exists...); err != nil {
 		return err

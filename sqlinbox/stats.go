@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
@@ -55,15 +56,24 @@ func (m maintainer) consumerStats(ctx context.Context, q maintenanceQueries) ([]
 	var out []maintenance.ConsumerStats
 	for rows.Next() {
 		var c maintenance.ConsumerStats
-		var oldest, newest string
-		if err := rows.Scan(&c.Consumer, &c.Rows, &oldest, &newest, &c.LastHour, &c.LastDay); err != nil {
+		var oldest, newest, oldestEvent, newestEvent string
+		dest := []any{&c.Consumer, &c.Rows, &oldest, &newest, &c.LastHour, &c.LastDay}
+		if m.s.q.idTime {
+			dest = append(dest, &oldestEvent, &newestEvent)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
-		if c.Oldest, err = parseTime(oldest); err != nil {
-			return nil, err
-		}
-		if c.Newest, err = parseTime(newest); err != nil {
-			return nil, err
+		for _, tm := range []struct {
+			text string
+			to   *time.Time
+		}{{oldest, &c.Oldest}, {newest, &c.Newest}, {oldestEvent, &c.OldestEvent}, {newestEvent, &c.NewestEvent}} {
+			if tm.text == "" {
+				continue // no event time: not a table partitioned by it
+			}
+			if *tm.to, err = parseTime(tm.text); err != nil {
+				return nil, err
+			}
 		}
 		out = append(out, c)
 	}

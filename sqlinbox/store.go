@@ -136,11 +136,15 @@ var (
 	_ inbox.Store              = (*Store)(nil)
 	_ inbox.EventIDChecker     = (*Store)(nil)
 	_ inbox.FingerprintChecker = (*Store)(nil)
+	_ inbox.ClaimPool          = (*Store)(nil)
 )
 
 // New returns a Store for db. It validates the configuration but does not
 // touch the database; call CreateSchema (or apply SchemaSQL with a migration
-// tool) before the first message.
+// tool) before the first message. A Dialect that does not match db's driver
+// (PostgreSQL on go-sql-driver/mysql) is refused; a driver New cannot
+// recognise (wrapped by a tracing package) passes, and then CreateSchema
+// and the first claim name the mismatch from the database's answer.
 func New(db *sql.DB, config Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlinbox: invalid config: db is nil")
@@ -174,6 +178,14 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	if q.configErr != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", q.configErr)
 	}
+	if err := checkDriver(db, config.Dialect); err != nil {
+		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
+	}
+	q.registry = config.Dialect.registry(t)
+	q.schema = append(q.schema, q.registry.create)
+	if q.schemaObjects != nil {
+		q.schemaObjects = append(q.schemaObjects, t.derived(registrySuffix))
+	}
 	s := &Store{
 		db:      db,
 		dialect: config.Dialect,
@@ -183,6 +195,14 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	}
 	s.unprepared.Store(config.TransactionPooling)
 	return s, nil
+}
+
+// ClaimPool implements [inbox.ClaimPool]: db, its SetMaxOpenConns limit
+// and its count of callers that waited for a connection, so that the
+// middleware leaves one connection free and watches a pool of one.
+func (s *Store) ClaimPool() (pool any, maxConns int, waits int64) {
+	st := s.db.Stats()
+	return s.db, st.MaxOpenConnections, st.WaitCount
 }
 
 // DB returns the database the store writes to.
@@ -195,17 +215,23 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 func (s *Store) Table() string { return s.table.String() }
 
 // SchemaSQL returns the DDL CreateSchema runs, as one script, for migration
-// tools. Every statement is idempotent.
+// tools. Every statement is idempotent. It ends with the consumer registry
+// (RegistryTable), which a table created by an earlier release lacks: apply
+// the script again, or that one CREATE TABLE.
 //
 // CreateSchema leaves an existing table as it is: to turn Config.Fingerprints
 // on for a table made without it, run AddFingerprintColumnSQL once.
 func (s *Store) SchemaSQL() string {
-	stmts := s.q.schema
-	if s.q.schemaPartitions != "" {
-		stmts = append(slices.Clip(stmts), s.q.schemaPartitions)
-	}
-	return strings.Join(stmts, ";\n\n") + ";\n"
+	return strings.Join(s.q.schema, ";\n\n") + ";\n"
 }
+
+// SchemaStatements returns the statements of SchemaSQL one by one, without
+// their final semicolons, for a migration tool that takes statements rather
+// than a script. A tool that splits a file at semicolons must be told where
+// a statement ends: on a partitioned table the last one is a DO block with
+// semicolons of its own (goose: between -- +goose StatementBegin and
+// -- +goose StatementEnd, as inbox schema -format goose prints it).
+func (s *Store) SchemaStatements() []string { return slices.Clone(s.q.schema) }
 
 // AddFingerprintColumnSQL returns the statement that adds the fingerprint
 // column (Config.Fingerprints) to an inbox table created without it, for a
@@ -219,10 +245,12 @@ func (s *Store) SchemaSQL() string {
 // Only PostgreSQL's form may run twice.
 func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
 
-// CreateSchema creates the inbox table and its index if they do not exist,
-// and on a partitioned table the partitions of the current period and the
-// SchemaPartitionsAhead next ones. It is safe to call on every start, from
-// several instances at once, while others claim and purge.
+// CreateSchema creates the inbox table, its index and the consumer registry
+// (RegistryTable) if they do not exist, and on a partitioned table the
+// partitions of the current period and the SchemaPartitionsAhead next ones.
+// It is safe to call on every start, from several instances at once, while
+// others claim and purge, and adds the registry beside a table an earlier
+// release created.
 //
 // On PostgreSQL it runs only the DDL of what is missing, and no statement
 // waits longer than SchemaLockTimeout for a table lock, so claims never
@@ -237,23 +265,23 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 	if !s.q.schemaInTx {
 		for _, stmt := range s.q.schema {
 			if _, err := s.db.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+				return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 			}
 		}
 		return nil
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
 	for _, stmt := range s.q.schema {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 	}
 	return nil
 }
@@ -434,7 +462,13 @@ func (s *Store) verify(ctx context.Context) error {
 	if s.verified.Load() {
 		return nil
 	}
-	return s.q.verify(ctx, s.db, s.q)
+	if err := s.q.verify(ctx, s.db, s.q); err != nil {
+		if mismatch := s.dialectErr(err); mismatch != err {
+			return fmt.Errorf("sqlinbox: %w", mismatch)
+		}
+		return err
+	}
+	return nil
 }
 
 // claimStmt prepares the claim once per Store (database/sql then prepares it
@@ -451,7 +485,7 @@ func (s *Store) claimStmt(ctx context.Context) (*sql.Stmt, error) {
 	}
 	stmt, err := s.db.PrepareContext(ctx, s.q.claim)
 	if err != nil {
-		return nil, fmt.Errorf("sqlinbox: preparing the claim on %s: %w", s.table, s.dialect.classify(err))
+		return nil, fmt.Errorf("sqlinbox: preparing the claim on %s: %w", s.table, s.dialectErr(s.dialect.classify(err)))
 	}
 	s.claimSQL.Store(stmt)
 	return stmt, nil

@@ -132,7 +132,10 @@ func run(dialect, dsn, addr string, serve bool) error {
 	router.AddMiddleware(middleware.Recoverer, mw)
 	failed := false
 	router.AddConsumerHandler("invoicing", "orders", pubSub, func(msg *message.Message) error {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		orderID := msg.Metadata.Get("event_id")
 		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO metrics_example_invoices (order_id) VALUES (`+ph+`)`, orderID); err != nil {
 			return err

@@ -183,7 +183,10 @@ func run(url string, orders int) error {
 	slowed := map[string]bool{}
 	router.AddConsumerHandler("invoicing", topic, sub, func(msg *message.Message) error {
 		calls.Add(1)
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices (order_id) VALUES (?)`, msg.UUID); err != nil {
 			return err
 		}

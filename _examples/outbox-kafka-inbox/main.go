@@ -199,7 +199,10 @@ func run(brokerList, dsn string, orders int) error {
 // it in a transaction.
 func outboxPublisher(outboxTopic string) func(ctx context.Context) (message.Publisher, error) {
 	return func(ctx context.Context) (message.Publisher, error) {
-		tx, _ := inbox.TxFromContext(ctx)
+		tx, ok := inbox.TxFromContext(ctx)
+		if !ok {
+			return nil, inbox.ErrNotInInbox
+		}
 		return outboxPublisherIn(tx, outboxTopic)
 	}
 }
@@ -274,7 +277,10 @@ func (c *consumer) router(name string, addrs []string, topic, publishTopic, grou
 	r.AddMiddleware(middleware.Recoverer, crashAfterCommit, mw)
 	r.AddHandler(name, topic, sub, publishTopic, noPublisher{}, func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
-		tx, _ := inbox.TxFromContext(ctx)
+		tx, ok := inbox.TxFromContext(ctx)
+		if !ok {
+			return nil, inbox.ErrNotInInbox
+		}
 		c.calls.Add(1)
 		return h(ctx, tx, msg)
 	})

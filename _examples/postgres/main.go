@@ -1,8 +1,12 @@
 // Command postgres shows the inbox on PostgreSQL: every order event arrives
 // three times and the first attempt of one of them fails, yet each order gets
-// exactly one invoice.
+// exactly one invoice. It fails unless the counts come out exact.
 //
 //	go run ./_examples/postgres -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//
+// Its tables are its own, named after -table (a fresh name each run by
+// default) and dropped at the end unless -keep is given, so runs on a shared
+// server never touch each other's tables.
 package main
 
 import (
@@ -11,7 +15,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
+	"math/rand/v2"
+	"os"
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -26,31 +33,40 @@ import (
 
 func main() {
 	dsn := flag.String("dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL")
+	table := flag.String("table", "", "the inbox table; the invoices go to TABLE_invoices (default: example_ and a random suffix)")
+	keep := flag.Bool("keep", false, "keep both tables at the end, to look at them")
 	flag.Parse()
-	if err := run(*dsn); err != nil {
+	if err := run(os.Stdout, *dsn, *table, *keep); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(dsn string) error {
+func run(out io.Writer, dsn, table string, keep bool) error {
 	ctx := context.Background()
 	db, err := sql.Open("postgres", dsn)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	if table == "" {
+		table = fmt.Sprintf("example_%08x", rand.Uint32())
+	}
+	invoicesTable := table + "_invoices"
 
-	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: "example_inbox"})
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table})
 	if err != nil {
 		return err
+	}
+	if !keep {
+		defer func() { _, _ = db.ExecContext(ctx, `DROP TABLE IF EXISTS `+table+`, `+invoicesTable) }()
 	}
 	if err := store.CreateSchema(ctx); err != nil {
 		return err
 	}
 	// A fresh start each run, so the counts below are this run's.
-	if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS example_invoices;
-		CREATE TABLE example_invoices (order_id text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
-		TRUNCATE example_inbox`); err != nil {
+	if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS `+invoicesTable+`;
+		CREATE TABLE `+invoicesTable+` (order_id text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+		TRUNCATE `+table); err != nil {
 		return err
 	}
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
@@ -71,9 +87,12 @@ func run(dsn string) error {
 	var failedOnce atomic.Bool
 	router.AddConsumerHandler("invoicing", "orders", pubSub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
 		calls.Add(1)
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		orderID := msg.Metadata.Get("event_id")
-		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO example_invoices (order_id) VALUES ($1)`, orderID); err != nil {
+		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+invoicesTable+` (order_id) VALUES ($1)`, orderID); err != nil {
 			return err
 		}
 		if orderID == "order-3" && failedOnce.CompareAndSwap(false, true) {
@@ -98,12 +117,15 @@ func run(dsn string) error {
 	_ = router.Close()
 
 	var invoices int
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM example_invoices`).Scan(&invoices); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+invoicesTable).Scan(&invoices); err != nil {
 		return err
 	}
-	fmt.Printf("deliveries:        %d (%d orders x %d copies, plus 1 redelivery after a failure)\n", orders*copies+1, orders, copies)
-	fmt.Printf("handler calls:     %d (%d duplicates skipped without calling it)\n", calls.Load(), int64(orders*copies+1)-calls.Load())
-	fmt.Printf("failed, rolled back: %d (redelivered and processed again)\n", failures.Load())
-	fmt.Printf("invoices written:  %d (one per order)\n", invoices)
+	fmt.Fprintf(out, "deliveries:        %d (%d orders x %d copies, plus 1 redelivery after a failure)\n", orders*copies+1, orders, copies)
+	fmt.Fprintf(out, "handler calls:     %d (%d duplicates skipped without calling it)\n", calls.Load(), int64(orders*copies+1)-calls.Load())
+	fmt.Fprintf(out, "failed, rolled back: %d (redelivered and processed again)\n", failures.Load())
+	fmt.Fprintf(out, "invoices written:  %d (one per order)\n", invoices)
+	if invoices != orders {
+		return fmt.Errorf("%d invoices for %d orders", invoices, orders)
+	}
 	return nil
 }

@@ -85,7 +85,10 @@ func run() error {
 	router.AddConsumerHandler("invoicing", "orders", pubSub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
 		calls.Add(1)
 		// The inbox row and this insert commit together, or not at all.
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		orderID := msg.Metadata.Get("event_id")
 		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices (order_id) VALUES (?)`, orderID); err != nil {
 			return err

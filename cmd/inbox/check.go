@@ -23,6 +23,10 @@ var remedies = map[string]string{
 	maintenance.AspectPartitions:  "run inbox purge (it creates the partitions ahead), or inbox schema -apply",
 }
 
+// blockedRemedy replaces the partitions' remedy when rows in the default
+// partition block a period: the purge cannot create its partition.
+const blockedRemedy = "run inbox schema -apply with the same flags: it creates the missing partitions and moves the rows that block them out of the default partition (claims wait for the move); inbox purge cannot"
+
 // runCheck checks a deployment: the database answers, the table matches the
 // configuration, and the purge retention outlives the broker's.
 func runCheck(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
@@ -72,6 +76,11 @@ func runCheck(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	if failed > 0 {
 		return fmt.Errorf("%s failed", count(failed, "check"))
 	}
+	if broker.d == 0 {
+		fmt.Fprintln(stdout, "every check passed, but the purge retention was not checked: give -retention and -broker-retention to check it")
+	} else {
+		fmt.Fprintln(stdout, "every check passed")
+	}
 	return nil
 }
 
@@ -83,14 +92,38 @@ const createIt = "create it with inbox schema -apply, or apply the DDL of inbox 
 func printFindings(w io.Writer, findings []maintenance.Finding) int {
 	failed := 0
 	for _, f := range findings {
+		remedy := remedies[f.Aspect]
+		if len(f.Blocked) > 0 {
+			remedy = blockedRemedy
+		}
 		if f.OK {
 			fmt.Fprintf(w, "ok    %s: %s\n", f.Aspect, f.Found)
-			continue
+		} else {
+			failed++
+			fmt.Fprintf(w, "FAIL  %s: %s, want %s\n", f.Aspect, f.Found, f.Want)
 		}
-		failed++
-		fmt.Fprintf(w, "FAIL  %s: %s, want %s\n      %s\n", f.Aspect, f.Found, f.Want, remedies[f.Aspect])
+		for _, b := range f.Blocked {
+			fmt.Fprintf(w, "      %s\n", blockedLine(b))
+		}
+		if !f.OK || len(f.Blocked) > 0 {
+			fmt.Fprintf(w, "      %s\n", remedy)
+		}
 	}
 	return failed
+}
+
+// blockedLine says why a period has no partition, and where its rows come
+// from: times ahead of the clock are events dated in the future.
+func blockedLine(b maintenance.BlockedPeriod) string {
+	why := "claims made while no partition covered it"
+	if b.Last.After(time.Now()) {
+		why = "dated ahead of the clock: events with a time in the future"
+	}
+	span := b.First.Format(timeLayout)
+	if !b.Last.Equal(b.First) {
+		span += " to " + b.Last.Format(timeLayout)
+	}
+	return fmt.Sprintf("%s cannot be created: the default partition holds %s of its period (%s UTC, %s)", b.Name, count(int(b.Rows), "row"), span, why)
 }
 
 // checkRetention refuses a purge retention under the broker's retention

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -23,6 +25,7 @@ func TestCheckPasses(t *testing.T) {
 			require.Contains(t, out, line)
 		}
 		require.NotContains(t, out, "FAIL")
+		require.True(t, strings.HasSuffix(out, "\nevery check passed, but the purge retention was not checked: give -retention and -broker-retention to check it\n"), out)
 
 		code, out, errOut = runCmd("check", "-dialect", tg.dialect, "-dsn", tg.readOnly(t, f.db, f.table), "-table", f.table)
 		require.Equal(t, exitOK, code, out+errOut)
@@ -37,6 +40,7 @@ func TestCheckRetention(t *testing.T) {
 		code, out, errOut := f.run(t, "check", "-retention", "8d", "-broker-retention", "7d")
 		require.Equal(t, exitOK, code, out+errOut)
 		require.Contains(t, out, "ok    retention: -retention 8d outlives the broker's 7d plus 1d of slack\n")
+		require.True(t, strings.HasSuffix(out, "\nevery check passed\n"), out)
 
 		code, out, errOut = f.run(t, "check", "-retention", "7d", "-broker-retention", "7d")
 		require.Equal(t, exitFailed, code)
@@ -140,4 +144,50 @@ func TestCheckEventTimePartitions(t *testing.T) {
 	require.Equal(t, exitOK, code, out+errOut)
 	code, _, _ = f.run(t, "check", "-partition-key", "event_time")
 	require.Equal(t, exitUsage, code, "event_time needs partitions")
+}
+
+// One event dated ahead of the clock on a table partitioned by event time:
+// once its period comes within the partitions ahead, the default partition
+// holding its row keeps the purge from creating the period's partition.
+// The purge says so at error level, stats shows the event time ahead of
+// now, check fails, names the row and advises inbox schema -apply, which
+// moves the row into the partition it creates: check turns green, and the
+// event is still a duplicate.
+func TestCheckPeriodBlockedByEventDatedAhead(t *testing.T) {
+	t.Parallel()
+	flags := []string{"-partitioning", "daily", "-partition-key", "event_time"}
+	f := setup(t, postgres, flags...)
+	partition, ahead := testdb.BlockLastTimePartition(t, f.db, f.table)
+	id := testdb.UUIDv7(ahead, "dated ahead")
+	require.True(t, f.claim(t, "billing", id))
+
+	code, out, errOut := f.run(t, "purge", append(flags, "-retention", "14d")...)
+	require.Equal(t, exitOK, code, out+errOut)
+	require.Regexp(t, `level=ERROR\s+msg="Inbox partition not created: the default partition already holds rows of its period`, errOut)
+	require.Contains(t, errOut, "partition="+partition)
+
+	code, out, errOut = f.run(t, "stats", flags...)
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `LAST DAY +OLDEST EVENT +NEWEST EVENT\n`, out)
+	require.Contains(t, out, ahead.UTC().Format(timeLayout)+" (ahead of now)")
+	code, out, errOut = f.run(t, "stats", append(flags, "-json")...)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, `"newest_event_time": "`+ahead.UTC().Format(time.RFC3339))
+
+	code, out, _ = f.run(t, "check", flags...)
+	require.Equal(t, exitFailed, code, out)
+	require.Contains(t, out, "FAIL  partitions: ")
+	require.Contains(t, out, "      "+partition+" cannot be created: the default partition holds 1 row of its period ("+
+		ahead.UTC().Format(timeLayout)+" UTC, dated ahead of the clock: events with a time in the future)\n      "+blockedRemedy+"\n")
+
+	code, out, errOut = f.run(t, "schema", append(flags, "-apply")...)
+	require.Equal(t, exitOK, code, out+errOut)
+	require.Equal(t, "created partition "+partition+", moving its period's 1 row out of the default partition\n", out)
+	code, out, errOut = f.run(t, "check", flags...)
+	require.Equal(t, exitOK, code, out+errOut)
+	require.NotContains(t, out, "cannot be created")
+	require.False(t, f.claim(t, "billing", id), "the moved claim still makes its event a duplicate")
+	var n int
+	require.NoError(t, f.db.QueryRow(`SELECT count(*) FROM `+partition).Scan(&n))
+	require.Equal(t, 1, n, "the row is in its partition")
 }

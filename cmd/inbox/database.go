@@ -110,6 +110,10 @@ func (d *database) store() (*sqlinbox.Store, *sql.DB, error) {
 	if err != nil {
 		return nil, nil, usage("-dsn: %v", err)
 	}
+	if err := d.checkFlags(db); err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
 	store, err := sqlinbox.New(db, config)
 	if err != nil {
 		_ = db.Close()

@@ -137,7 +137,16 @@ func runForget(ctx context.Context, fs *flag.FlagSet, args []string, stdout, std
 		return fmt.Errorf("removed %s, then failed: %w", count(len(removed), "claim"), explain(err, store.Table(), "DELETE (and on PostgreSQL INSERT)"))
 	}
 	printNotFound(stdout, filter.EventIDs, removed)
-	fmt.Fprintln(stdout, "the next copy of these events will be processed again")
+	if len(removed) == 0 {
+		// Another forget, or the purge, removed them since they were listed.
+		fmt.Fprintln(stdout, "nothing changed: the next copy of these events is processed as before")
+		return nil
+	}
+	what := "these events"
+	if len(removed) == 1 {
+		what = "this event"
+	}
+	fmt.Fprintf(stdout, "the next copy of %s will be processed again\n", what)
 	return nil
 }
 

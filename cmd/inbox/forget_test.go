@@ -220,3 +220,21 @@ func TestForgetWaitsForAClaimInFlight(t *testing.T) {
 		test(t, postgres, "-partitioning", "daily")
 	})
 }
+
+// Forgetting ids of which none has a claim removes nothing, and says that
+// nothing changes rather than promising that they will be processed again.
+func TestForgetNothingRemoved(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := forgetFixture(t, tg)
+		code, out, errOut := f.run(t, "forget", "-consumer", "billing", "-id", "never-claimed", "-yes")
+		require.Equal(t, exitOK, code, errOut)
+		require.Contains(t, out, "removed 0 claims of consumer billing")
+		require.Contains(t, out, "1 id has no claim of this consumer: never-claimed\n")
+		require.True(t, strings.HasSuffix(out, "nothing changed: the next copy of these events is processed as before\n"), out)
+		require.NotContains(t, out, "will be processed again")
+
+		code, out, errOut = f.run(t, "forget", "-consumer", "billing", "-id", "never-claimed", "-id", "e1", "-yes")
+		require.Equal(t, exitOK, code, errOut)
+		require.True(t, strings.HasSuffix(out, "the next copy of this event will be processed again\n"), out)
+	}, postgres)
+}

@@ -27,6 +27,9 @@
 //	   consumer; for check: a check failed
 //	2  invalid flags or input (nothing was done)
 //	3  cannot connect to the database
+//
+// Scripts must run the built or installed command: go run reports every
+// failure as its own exit status 1.
 package main
 
 import (

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"flag"
 	"fmt"
 	"net/url"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -293,5 +296,34 @@ func TestWrongDialect(t *testing.T) {
 			require.Equal(t, tc.code, code, "%v %s: %s%s", sub, tc.dialect, out, errOut)
 			require.Contains(t, errOut, tc.err, "%v %s", sub, tc.dialect)
 		}
+	}
+}
+
+// The built command exits with the documented statuses, which a script
+// sees; go run ./cmd/inbox would report each failure as its own exit
+// status 1, which is why the README builds or installs the command.
+func TestBinaryExitStatus(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "inbox")
+	out, err := exec.Command("go", append(append([]string{"build"}, testdb.BuildFlags...), "-o", bin, ".")...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"schema"}, exitOK},
+		{[]string{"schema", "-format", "xml"}, exitUsage},
+		{[]string{"stats", "-dsn", unreachable(postgres)}, exitConnect},
+		{[]string{"check", "-dsn", testdb.PostgresDSN(), "-table", testdb.Name("missing")}, exitFailed},
+	} {
+		err := exec.Command(bin, tc.args...).Run()
+		code := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else {
+			require.NoError(t, err)
+		}
+		require.Equal(t, tc.code, code, "%v", tc.args)
 	}
 }

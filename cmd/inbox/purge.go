@@ -75,6 +75,9 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 		config.OnBatch = bar.batch
 	}
 	// Invalid flags are refused before anything connects.
+	if err := checkPurgeFlags(config, store.Maintenance(), db.partitioning); err != nil {
+		return err
+	}
 	if _, err := purge.New(store, config); err != nil {
 		return usage("%v", err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"testing"
 	"time"
 
@@ -78,11 +79,11 @@ func TestPurgeExitCodes(t *testing.T) {
 		err  string
 	}{
 		{[]string{"-table", table, "-retention", "2d"}, exitUsage, "-dsn is required"},
-		{[]string{"-dsn", dsn, "-table", table}, exitUsage, "Retention is required"},
-		{[]string{"-dsn", dsn, "-table", table, "-retention", "1h"}, exitUsage, "below MinRetention"},
+		{[]string{"-dsn", dsn, "-table", table}, exitUsage, "-retention is required"},
+		{[]string{"-dsn", dsn, "-table", table, "-retention", "1h"}, exitUsage, "-retention 1h0m0s is below -min-retention 1d"},
 		{[]string{"-dsn", dsn, "-table", table, "-retention", "2x"}, exitUsage, "invalid value"},
 		{[]string{"-dsn", dsn, "-table", table, "-retention", "2d", "-dialect", "oracle"}, exitUsage, `-dialect "oracle"`},
-		{[]string{"-dsn", dsn, "-table", "Bad-Name", "-retention", "2d"}, exitUsage, "Table"},
+		{[]string{"-dsn", dsn, "-table", "Bad-Name", "-retention", "2d"}, exitUsage, "-table: table name"},
 		{[]string{"-dsn", dsn, "-table", table, "-retention", "2d", "-dry-run", "-loop"}, exitUsage, "exclude each other"},
 		{[]string{"-dsn", dsn, "-table", table, "-retention", "2d", "-partitioning", "daily"}, exitFailed, "is not partitioned"},
 		{[]string{"-dsn", dsn, "-table", table + "_missing", "-retention", "2d"}, exitFailed, "does not exist"},
@@ -167,7 +168,7 @@ func TestPurgeDurationsOutOfRange(t *testing.T) {
 		{[]string{"-retention", "-99999999999999999999d"}, "cannot be negative"},
 		{[]string{"-retention", "-48h"}, "cannot be negative"},
 		{[]string{"-retention", "9999999999h"}, "invalid duration"},
-		{[]string{"-retention", "2d", "-statement-timeout", "600h"}, "StatementTimeout 600h0m0s is above 596h31m23.647s"},
+		{[]string{"-retention", "2d", "-statement-timeout", "600h"}, "-statement-timeout 600h0m0s is above 596h31m23.647s"},
 	} {
 		code, out, errOut := f.run(t, "purge", append([]string{"-allow-short-retention"}, tc.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s%s", tc.args, out, errOut)
@@ -262,4 +263,36 @@ func TestPurgeSkippedSaysWhoAndHowLong(t *testing.T) {
 		}
 		require.Equal(t, map[string]int{"billing": 42, "mailer": 5}, f.rows(t))
 	}, postgres, mariadb)
+}
+
+// The command's errors name its flags, never the Go configuration fields
+// they fill (AllowShortRetention, BatchSize...): its user has only the
+// flags.
+func TestFlagErrorsNameFlags(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.PostgresDSN()
+	fields := regexp.MustCompile(`\b(Retention|ConsumerRetention|MinRetention|AllowShortRetention|BatchSize|StatementTimeout|Interval|PartitionsAhead|Partitioning|PartitionKey|Table|Dialect)\b`)
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"purge", "-dsn", dsn}, "-retention is required"},
+		{[]string{"purge", "-dsn", dsn, "-retention", "2h"}, "-retention 2h0m0s is below -min-retention 1d: rows purged before every copy of their event has arrived let that copy be processed again; keep rows for the broker's retention plus retries, or pass -allow-short-retention"},
+		{[]string{"purge", "-dsn", dsn, "-retention", "3d", "-min-retention", "4d"}, "-retention 3d is below -min-retention 4d"},
+		{[]string{"purge", "-dsn", dsn, "-retention", "2d", "-consumer-retention", "billing=1h"}, "-consumer-retention billing 1h0m0s is below -min-retention 1d"},
+		{[]string{"purge", "-dsn", dsn, "-retention", "2d", "-consumer-retention", "billing=0d", "-allow-short-retention"}, "-consumer-retention billing must be positive"},
+		{[]string{"purge", "-dsn", dsn, "-retention", "2d", "-partitioning", "daily", "-consumer-retention", "billing=3d"}, "-consumer-retention is not available with -partitioning daily"},
+		{[]string{"purge", "-dsn", dsn, "-retention", "2d", "-batch", "10"}, "-batch 10 is below 100, the smallest batch"},
+		{[]string{"purge", "-dsn", dsn, "-retention", "2d", "-statement-timeout", "-1s"}, "-statement-timeout is negative (-1s)"},
+		{[]string{"purge", "-dsn", dsn, "-retention", "2d", "-interval", "-1s"}, "-interval is negative (-1s)"},
+		{[]string{"purge", "-dsn", dsn, "-retention", "2d", "-partitioning", "daily", "-partitions-ahead", "-1"}, "-partitions-ahead is negative (-1)"},
+		{[]string{"schema", "-dialect", "sqlite", "-partitioning", "monthly"}, "-partitioning monthly needs -dialect postgresql"},
+		{[]string{"stats", "-dsn", dsn, "-partition-key", "event_time"}, "-partition-key event_time needs -partitioning daily or monthly"},
+		{[]string{"check", "-dsn", dsn, "-table", "Orders"}, "-table: table name \"Orders\""},
+	} {
+		code, out, errOut := runCmd(tc.args...)
+		require.Equal(t, exitUsage, code, "%v: %s%s", tc.args, out, errOut)
+		require.Contains(t, errOut, tc.err, "%v", tc.args)
+		require.NotRegexp(t, fields, errOut, "%v names a Go field", tc.args)
+	}
 }

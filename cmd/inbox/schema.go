@@ -20,15 +20,23 @@ import (
 // another configuration.
 func runSchema(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
 	setUsage(fs, stderr,
-		"usage: inbox schema [-dialect D] [-table T] [-partitioning P] [-uuid-event-ids] [-fingerprints] [-add-fingerprint-column] [-apply -dsn DSN]",
+		"usage: inbox schema [-dialect D] [-table T] [-partitioning P] [-uuid-event-ids] [-fingerprints] [-add-fingerprint-column] [-format F] [-down] [-apply -dsn DSN]",
 		"Prints the DDL for the configuration (without -dsn), or applies it (-apply).",
+		"  inbox schema -format goose > 00001_inbox.sql           # goose: Up and Down in one file",
+		"  inbox schema > 000001_inbox.up.sql                     # golang-migrate, Atlas, psql: the plain script",
+		"  inbox schema -down > 000001_inbox.down.sql             # and its down migration",
 	)
 	db := addDatabaseFlags(fs)
 	apply := fs.Bool("apply", false, "apply the DDL to the database at -dsn instead of printing it")
 	addColumn := fs.Bool("add-fingerprint-column", false, "only the statement that adds the fingerprint column to an existing table")
 	ahead := fs.Int("partitions-ahead", purge.DefaultPartitionsAhead, "with -apply on a partitioned table: future partitions to create")
+	format := fs.String("format", "plain", "what to print: plain (a script for psql, golang-migrate, Atlas), or goose (a goose migration, Up and Down)")
+	down := fs.Bool("down", false, "print the statement that undoes the schema (drops the table and every claim), for a down migration")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *apply && (*down || *format != "plain") {
+		return usage("-apply runs the DDL itself: -format and -down are for printing it")
 	}
 	if !*apply {
 		store, sqlDB, err := db.store()
@@ -36,11 +44,12 @@ func runSchema(ctx context.Context, fs *flag.FlagSet, args []string, stdout, std
 			return err
 		}
 		defer sqlDB.Close()
-		if *addColumn {
-			fmt.Fprint(stdout, store.AddFingerprintColumnSQL())
-		} else {
-			fmt.Fprint(stdout, store.SchemaSQL())
+		up, drop := migrationStatements(store, *addColumn)
+		out, err := migrationScript(*format, up, drop, *down)
+		if err != nil {
+			return err
 		}
+		fmt.Fprint(stdout, out)
 		return nil
 	}
 	store, sqlDB, err := db.connect(ctx, true)
@@ -70,7 +79,8 @@ func applySchema(ctx context.Context, store *sqlinbox.Store, ahead int, stdout i
 	if err != nil {
 		return err
 	}
-	if before.OK() {
+	blocked := len(finding(before, maintenance.AspectPartitions).Blocked) > 0
+	if before.OK() && !blocked {
 		fmt.Fprintf(stdout, "%s already matches the configuration; nothing to do\n", store.Table())
 		return nil
 	}
@@ -113,8 +123,9 @@ func applySchema(ctx context.Context, store *sqlinbox.Store, ahead int, stdout i
 var errMismatch = errors.New("the table does not match the configuration, and applying the schema does not change an existing table: check the flags against the table as created (inbox check says more)")
 
 // createPartitions makes the partitions of now and the next ahead periods,
-// as a purge round would. On a table just created it first lists those
-// CreateSchema made.
+// as a purge round would, and those a round cannot make because the
+// default partition holds rows of their period, moving those rows into
+// them. On a table just created it first lists those CreateSchema made.
 func createPartitions(ctx context.Context, m maintenance.Store, ahead int, fresh bool, stdout io.Writer) error {
 	sess, busy, err := m.BeginPurge(ctx)
 	if err != nil {
@@ -141,7 +152,17 @@ func createPartitions(ctx context.Context, m maintenance.Store, ahead int, fresh
 	for _, p := range parts.TimedOut {
 		fmt.Fprintf(stdout, "partition %s not created: the table lock was not granted within %s; the purge creates it\n", p.Name, purge.DefaultLockTimeout)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	for _, p := range parts.Blocked {
+		moved, err := sess.MoveBlocked(ctx, p, purge.DefaultLockTimeout)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "created partition %s, moving its period's %s out of the default partition\n", p.Name, count(int(moved), "row"))
+	}
+	return nil
 }
 
 // finding returns the finding about one aspect, or a zero Finding.

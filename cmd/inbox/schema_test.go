@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,10 +17,10 @@ import (
 // nothing.
 func TestSchemaPrints(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("pgx", "") // never used: New does not connect
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
 	for name, d := range map[string]sqlinbox.Dialect{"postgresql": sqlinbox.PostgreSQL, "mysql": sqlinbox.MySQL, "sqlite": sqlinbox.SQLite} {
+		db, err := sql.Open(map[string]string{"postgresql": "pgx", "mysql": "mysql", "sqlite": "sqlite"}[name], "") // never used: New does not connect
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
 		for _, fingerprints := range []bool{false, true} {
 			store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: d, Table: "app.inbox", Fingerprints: fingerprints})
 			require.NoError(t, err)
@@ -45,9 +46,10 @@ func TestSchemaPrints(t *testing.T) {
 		err  string
 	}{
 		{[]string{"-dialect", "oracle"}, `-dialect "oracle": use postgresql, mysql or sqlite`},
-		{[]string{"-dialect", "mysql", "-partitioning", "daily"}, "Partitioning: daily is only available on PostgreSQL, not mysql"},
+		{[]string{"-dialect", "mysql", "-partitioning", "daily"}, "-partitioning daily needs -dialect postgresql"},
+		{[]string{"-partition-key", "event_time"}, "-partition-key event_time needs -partitioning daily or monthly"},
 		{[]string{"-partitioning", "weekly"}, `-partitioning "weekly"`},
-		{[]string{"-table", "App.Inbox"}, "Table"},
+		{[]string{"-table", "App.Inbox"}, "-table: table name"},
 		{[]string{"-apply"}, "-dsn is required"},
 	} {
 		code, out, errOut := runCmd(append([]string{"schema"}, tc.args...)...)
@@ -142,4 +144,40 @@ func TestSchemaApplyPartitioned(t *testing.T) {
 	require.Regexp(t, `^created \S+\n(created partition \S+_p\d{6}\n){4}$`, out)
 	code, out, errOut = f.run(t, "check", "-partitioning", "monthly", "-partitions-ahead", "2")
 	require.Equal(t, exitOK, code, out+errOut)
+}
+
+// -format goose marks the statement that holds semicolons of its own (a
+// partitioned table's DO block) for goose, which splits the rest at each
+// semicolon that ends a line; -down prints the down migration. The test
+// rig applies both with the tools (internal/testing/migrations).
+func TestSchemaFormats(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runCmd("schema", "-format", "goose", "-partitioning", "daily", "-table", "app.inbox")
+	require.Equal(t, exitOK, code, errOut)
+	require.True(t, strings.HasPrefix(out, "-- +goose Up\nCREATE TABLE IF NOT EXISTS \"app\".\"inbox\""), out)
+	require.Contains(t, out, "-- +goose StatementBegin\nDO $$")
+	require.Contains(t, out, "END $$;\n-- +goose StatementEnd\n")
+	require.Equal(t, 1, strings.Count(out, "StatementBegin"), "only the DO block needs it")
+	require.True(t, strings.HasSuffix(out, "-- +goose Down\n"+dropWarning+"DROP TABLE IF EXISTS \"app\".\"inbox\";\n"), out)
+
+	code, out, errOut = runCmd("schema", "-down", "-dialect", "mysql")
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, dropWarning+"DROP TABLE IF EXISTS `watermill_inbox`;\n", out)
+	code, out, errOut = runCmd("schema", "-down", "-add-fingerprint-column", "-dialect", "sqlite")
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "ALTER TABLE \"watermill_inbox\" DROP COLUMN fingerprint;\n", out)
+
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"-format", "atlas"}, `-format "atlas": use plain or goose`},
+		{[]string{"-format", "goose", "-down"}, "-format goose prints the Down section"},
+		{[]string{"-apply", "-format", "goose", "-dsn", "x"}, "-format and -down are for printing it"},
+	} {
+		code, out, errOut := runCmd(append([]string{"schema"}, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v", tc.args)
+		require.Empty(t, out)
+		require.Contains(t, errOut, tc.err, "%v", tc.args)
+	}
 }

@@ -33,6 +33,9 @@ type consumerJSON struct {
 	Newest   time.Time `json:"newest"`
 	LastHour int64     `json:"last_hour"`
 	LastDay  int64     `json:"last_day"`
+	// The event times, on a table partitioned by them.
+	OldestEvent *time.Time `json:"oldest_event_time,omitempty"`
+	NewestEvent *time.Time `json:"newest_event_time,omitempty"`
 }
 
 type partitionJSON struct {
@@ -92,7 +95,7 @@ func toJSON(store *sqlinbox.Store, db *database, st maintenance.Stats) statsJSON
 		Consumers: []consumerJSON{},
 	}
 	for _, c := range st.Consumers {
-		out.Consumers = append(out.Consumers, consumerJSON{c.Consumer, c.Rows, c.Oldest, c.Newest, c.LastHour, c.LastDay})
+		out.Consumers = append(out.Consumers, consumerJSON{c.Consumer, c.Rows, c.Oldest, c.Newest, c.LastHour, c.LastDay, at(c.OldestEvent), at(c.NewestEvent)})
 	}
 	for _, p := range st.Partitions {
 		out.Partitions = append(out.Partitions, partitionJSON{p.Name, at(p.From), at(p.To), p.Default, known(p.EstimatedRows)})
@@ -115,15 +118,34 @@ func printStats(w io.Writer, store *sqlinbox.Store, db *database, st maintenance
 	fmt.Fprintf(w, "%s (%s%s): %d rows, %s of table, %s of indexes; times in UTC, now %s\n\n",
 		store.Table(), db.dialect, layout, rows, byteSize(st.TableBytes), byteSize(st.IndexBytes), st.Now.Format(timeLayout))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	if len(st.Consumers) == 0 {
+	// A table partitioned by event time also shows the events' times, the
+	// partition key: one dated ahead of now is marked.
+	events := db.partitionKey == "event_time"
+	switch {
+	case len(st.Consumers) == 0:
 		fmt.Fprintln(tw, "no claims")
-	} else {
+	case events:
+		fmt.Fprintln(tw, "CONSUMER\tROWS\tOLDEST\tNEWEST\tLAST HOUR\tLAST DAY\tOLDEST EVENT\tNEWEST EVENT")
+	default:
 		fmt.Fprintln(tw, "CONSUMER\tROWS\tOLDEST\tNEWEST\tLAST HOUR\tLAST DAY")
 	}
+	ahead := false
 	for _, c := range st.Consumers {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\n", showValue(c.Consumer), c.Rows, c.Oldest.Format(timeLayout), c.Newest.Format(timeLayout), c.LastHour, c.LastDay)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d", showValue(c.Consumer), c.Rows, c.Oldest.Format(timeLayout), c.Newest.Format(timeLayout), c.LastHour, c.LastDay)
+		if events {
+			newest := c.NewestEvent.Format(timeLayout)
+			if c.NewestEvent.After(st.Now) {
+				newest += " (ahead of now)"
+				ahead = true
+			}
+			fmt.Fprintf(tw, "\t%s\t%s", c.OldestEvent.Format(timeLayout), newest)
+		}
+		fmt.Fprintln(tw)
 	}
 	_ = tw.Flush()
+	if ahead {
+		fmt.Fprintln(w, "\nsome events are dated ahead of the database clock: once no partition covers their period they block its partition (inbox check says when)")
+	}
 	if len(st.Partitions) == 0 {
 		return
 	}

@@ -641,7 +641,10 @@ func testSchemaIdempotent(t *testing.T, target Target) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	table := b.store.Table() + "_fresh"
-	t.Cleanup(func() { _, _ = b.db.Exec("DROP TABLE IF EXISTS " + table) })
+	t.Cleanup(func() {
+		_, _ = b.db.Exec("DROP TABLE IF EXISTS " + table)
+		_, _ = b.db.Exec("DROP TABLE IF EXISTS " + table + "_consumers")
+	})
 	for range 4 {
 		wg.Go(func() {
 			s, err := sqlinbox.New(target.Open(t), sqlinbox.Config{Dialect: target.Dialect, Table: table, Partitioning: target.Partitioning, TransactionPooling: target.TransactionPooling})

@@ -51,6 +51,12 @@ func (s timedIDs) CheckFingerprints() error {
 	return nil
 }
 
+func (s timedIDs) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
+	return s.store.(inbox.ConsumerRegistry).RegisterConsumer(ctx, consumer, service)
+}
+
+func (s timedIDs) ClaimPool() (any, int, int64) { return s.store.(inbox.ClaimPool).ClaimPool() }
+
 // timed wraps store in timedIDs on an EventIDTime target.
 func (b *bundle) timed(store inbox.Store) inbox.Store {
 	if !b.target.EventIDTime {

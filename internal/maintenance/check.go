@@ -1,5 +1,7 @@
 package maintenance
 
+import "time"
+
 // Aspects of an inbox table that Store.Check compares with the store's
 // configuration, one Finding each.
 const (
@@ -26,6 +28,24 @@ type Finding struct {
 	// Found is what the table has; Want, when not OK, what the
 	// configuration needs.
 	Found, Want string
+	// Blocked lists, for AspectPartitions, the periods (the current one and
+	// those ahead) whose partition is missing and cannot be created,
+	// because the default partition holds rows of them.
+	Blocked []BlockedPeriod
+}
+
+// BlockedPeriod is a period whose partition cannot be created while the
+// default partition holds rows of it: on a table partitioned by event
+// time, events dated ahead of the clock; on one partitioned by
+// processed_at, claims made while no partition covered the period.
+// PurgeSession.MoveBlocked creates the partition with them.
+type BlockedPeriod struct {
+	Partition
+	// Rows is how many rows of the period the default partition holds;
+	// First and Last are the earliest and latest of their partition key
+	// (event_time or processed_at), UTC.
+	Rows        int64
+	First, Last time.Time
 }
 
 // OK reports whether every finding is.

@@ -44,6 +44,11 @@ type Store interface {
 	BeginPurge(ctx context.Context) (PurgeSession, *Busy, error)
 	// ClaimSQL returns the table's claim, for a store on another driver.
 	ClaimSQL() ClaimSQL
+	// DownSQL returns the statements that undo the schema, for a
+	// migration tool's down step: dropTable drops the table, its
+	// partitions and every claim; dropFingerprint drops the fingerprint
+	// column.
+	DownSQL() (dropTable, dropFingerprint string)
 
 	// Stats counts the claims per consumer and reads the table's size and
 	// partitions. Counting reads the whole table.

@@ -84,6 +84,13 @@ type PurgeSession interface {
 	// database clock) and of the next ahead periods, skipping those that
 	// exist, and says what became of each missing one.
 	CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (Partitions, error)
+	// MoveBlocked creates the partition of a period that CreatePartitions
+	// returned as blocked, moving the default partition's rows of the
+	// period into it, in one transaction that holds the table's exclusive
+	// lock (claims wait for it; lockTimeout bounds the wait for the lock),
+	// and returns how many rows it moved. Every claim stays: a copy of a
+	// moved event is still a duplicate.
+	MoveBlocked(ctx context.Context, part Partition, lockTimeout time.Duration) (moved int64, err error)
 	// ExpiredPartitions returns the partitions whose every row is older
 	// than olderThan by the database clock, oldest first.
 	ExpiredPartitions(ctx context.Context, olderThan time.Duration) ([]Partition, error)

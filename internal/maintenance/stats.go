@@ -26,6 +26,11 @@ type ConsumerStats struct {
 	Rows              int64
 	Oldest, Newest    time.Time // processed_at of the oldest and newest claim, UTC
 	LastHour, LastDay int64     // claims made in the last hour and day
+	// OldestEvent and NewestEvent are the earliest and latest event_time
+	// of the consumer's claims on a table partitioned by event time
+	// (UTC), zero on other tables. An event dated ahead of Now lands in
+	// the default partition when no partition covers its period yet.
+	OldestEvent, NewestEvent time.Time
 }
 
 // PartitionStats is one partition of a partitioned table. From and To are

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql" // registers "mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
@@ -104,25 +105,34 @@ func Name(prefix string) string {
 	return prefix + "_" + hex.EncodeToString(b)
 }
 
-// Table returns a unique table name and drops that table (if it was
-// created) when the test ends.
+// Table returns a unique table name and drops that table and its consumer
+// registry (if they were created) when the test ends.
 func Table(t testing.TB, db *sql.DB, prefix string) string {
 	t.Helper()
 	name := Name(prefix)
 	t.Cleanup(func() {
-		if _, err := db.Exec("DROP TABLE IF EXISTS " + name); err == nil {
+		if drop(db, name) == nil {
 			return
 		}
 		// The test closed db (a closed-database case): drop the table
 		// through a pool of its own.
 		if src, ok := opened.Load(db); ok {
 			if again, err := sql.Open(src.(source).driver, src.(source).dsn); err == nil {
-				_, _ = again.Exec("DROP TABLE IF EXISTS " + name)
+				_ = drop(again, name)
 				_ = again.Close()
 			}
 		}
 	})
 	return name
+}
+
+// drop drops an inbox table and the registry sqlinbox keeps beside it.
+func drop(db *sql.DB, table string) error {
+	_, err := db.Exec("DROP TABLE IF EXISTS " + table)
+	if err == nil {
+		_, err = db.Exec("DROP TABLE IF EXISTS " + table + "_consumers")
+	}
+	return err
 }
 
 // MySQLDSN is the MySQL/MariaDB DSN tests use: INBOX_TEST_MYSQL_DSN, or a
@@ -257,4 +267,29 @@ func RequireServerSwitches(t testing.TB, db *sql.DB) {
 		pids[pid] = true
 	}
 	require.Len(t, pids, 2, "200 statements of one client all reached one server connection: is PgBouncer in transaction pooling mode?")
+}
+
+// BlockLastTimePartition makes a period blocked, as one event dated ahead
+// of the clock does on a table partitioned by event time: it drops the
+// latest time partition of a partitioned PostgreSQL inbox table (it must
+// hold no rows) and returns its name and a time inside its period. An
+// event dated then lands in the default partition, and from then on the
+// partition cannot be created.
+func BlockLastTimePartition(t testing.TB, db *sql.DB, table string) (partition string, within time.Time) {
+	t.Helper()
+	names := TimePartitions(t, db, table)
+	if len(names) == 0 {
+		t.Fatalf("%s has no time partitions", table)
+	}
+	partition = names[len(names)-1]
+	_, suffix, _ := strings.Cut(partition[len(table):], "_p")
+	layout := map[int]string{8: "20060102", 6: "200601"}[len(suffix)]
+	from, err := time.Parse(layout, suffix)
+	if err != nil {
+		t.Fatalf("partition %s: %v", partition, err)
+	}
+	if _, err := db.Exec(`DROP TABLE ` + partition); err != nil {
+		t.Fatal(err)
+	}
+	return partition, from.Add(time.Hour)
 }

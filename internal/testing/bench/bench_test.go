@@ -53,7 +53,9 @@ func setupWrite(tb testing.TB, d bench.Driver, conns int, sc sqlinbox.Config, ki
 	require.NoError(tb, admin.CreateInbox(ctx, sc))
 
 	f := &fixture{admin: admin, write: w}
-	conn, err := d.Open(ctx, dsn, conns, &f.rt)
+	// One connection more than messages in flight: the inbox leaves one
+	// free (inbox.ClaimPool), and a pgxinbox.Store refuses a pool of one.
+	conn, err := d.Open(ctx, dsn, conns+1, &f.rt)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = conn.Close() })
 	f.bare = conn.Bare(w)

@@ -41,7 +41,7 @@ func natsHop(name string, marshaler wmnats.MarshalerUnmarshaler) hop {
 		t.Cleanup(func() { _ = pub.Close() })
 		config := natsSubscriberConfig(natsURL(), 30*time.Second, 1)
 		config.Unmarshaler = marshaler
-		sub, err := wmnats.NewSubscriber(config, logger)
+		sub, err := newCloseSafeSubscriber(config)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = sub.Close() })
 		return natsStream(t, natsURL(), 1), pub, sub
@@ -181,10 +181,8 @@ func TestEventIDMissingFromForeignPublisher(t *testing.T) {
 			_, err = js.Publish(stream, []byte(`{}`))
 			require.NoError(t, err)
 			config := natsSubscriberConfig(natsURL(), 30*time.Second, 1)
-			// Not at once, forever: and a message arriving while the
-			// subscriber closes is a data race in watermill-nats v2.1.3.
-			config.NakDelay = wmnats.NewStaticDelay(time.Minute)
-			sub, err := wmnats.NewSubscriber(config, logger)
+			config.NakDelay = wmnats.NewStaticDelay(time.Minute) // not at once, forever
+			sub, err := newCloseSafeSubscriber(config)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = sub.Close() })
 			return stream, sub

@@ -88,9 +88,9 @@ func natsPublisher(t *testing.T, urls string) *wmnats.Publisher {
 
 // natsSubscriber runs subscriptions in the durable's queue group; JetStream
 // redelivers what is not acked within ackWait.
-func natsSubscriber(t testing.TB, urls string, ackWait time.Duration, subscriptions int) *wmnats.Subscriber {
+func natsSubscriber(t testing.TB, urls string, ackWait time.Duration, subscriptions int) message.Subscriber {
 	t.Helper()
-	sub, err := wmnats.NewSubscriber(natsSubscriberConfig(urls, ackWait, subscriptions), logger)
+	sub, err := newCloseSafeSubscriber(natsSubscriberConfig(urls, ackWait, subscriptions))
 	require.NoError(t, err, "no NATS answers at %s (run ./test.sh, which starts one with JetStream)", urls)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub
@@ -296,7 +296,7 @@ func TestNATSManualAck(t *testing.T) {
 			if !manualAck {
 				config.JetStream.SubscribeOptions = []nats.SubOpt{nats.DeliverAll(), nats.AckExplicit(), nats.AckWait(time.Second)}
 			}
-			sub, err := wmnats.NewSubscriber(config, logger)
+			sub, err := newCloseSafeSubscriber(config)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = sub.Close() })
 			billing := effects.NewService(t, db, "billing")

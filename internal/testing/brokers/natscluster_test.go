@@ -160,11 +160,12 @@ func TestNATSClusterLosesStreamLeader(t *testing.T) {
 	}
 	// Two consumers of the durable, as two instances of a service, each
 	// message taking a few milliseconds so that many are in flight.
+	var stops []func()
 	for range 2 {
-		billing.Run(t, natsSubscriber(t, all, ackWait, 1), stream, effects.RunConfig{
+		stops = append(stops, billing.Run(t, natsSubscriber(t, all, ackWait, 1), stream, effects.RunConfig{
 			Outer:       causes.middleware(countCopies),
 			AfterEffect: func(*message.Message) error { time.Sleep(10 * time.Millisecond); return nil },
-		})
+		}))
 	}
 	t.Logf("cluster and stream ready after %s", time.Since(start).Round(time.Millisecond))
 
@@ -218,6 +219,12 @@ func TestNATSClusterLosesStreamLeader(t *testing.T) {
 	require.NotEqual(t, leader, newLeader)
 
 	billing.RequireExactlyOnce(t, ids)
+	// A late copy (an ack lost with the dead node, redelivered by the new
+	// leader) may still be arriving: stop both consumers before counting,
+	// so that every delivery is in both counts.
+	for _, stop := range stops {
+		stop()
+	}
 	seenMu.Lock()
 	copies := 0
 	for _, n := range seen {

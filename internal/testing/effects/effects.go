@@ -221,7 +221,14 @@ func (s *Service) Outcomes() map[inbox.Outcome]int64 {
 // EffectCounts returns how many effect rows each event id has.
 func (s *Service) EffectCounts(t testing.TB) map[string]int {
 	t.Helper()
-	rows, err := s.DB.Query(`SELECT event_id, count(*) FROM ` + s.Effects + ` GROUP BY event_id`)
+	return CountByID(t, s.DB, `SELECT event_id, count(*) FROM `+s.Effects+` GROUP BY event_id`)
+}
+
+// CountByID runs query, which returns (id, count) rows, and returns the
+// counts by id.
+func CountByID(t testing.TB, db *stdsql.DB, query string, args ...any) map[string]int {
+	t.Helper()
+	rows, err := db.Query(query, args...)
 	require.NoError(t, err)
 	defer rows.Close()
 	counts := map[string]int{}

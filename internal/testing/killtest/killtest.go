@@ -16,12 +16,14 @@
 package killtest
 
 import (
+	"bytes"
 	"context"
 	stdsql "database/sql"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -59,19 +61,90 @@ func Child(spec any) bool {
 // checks that it died of SIGKILL, and returns its output.
 func Run(t *testing.T, spec any) []byte {
 	t.Helper()
+	return Start(t, spec, Timeout).Wait(t)
+}
+
+// Process is a child started by Start.
+type Process struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+// Start runs t again in a child process with spec and returns at once; the
+// child is killed after timeout, or when the test ends.
+func Start(t *testing.T, spec any, timeout time.Duration) *Process {
+	t.Helper()
 	raw, err := json.Marshal(spec)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
-	defer cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	// A subtest "A/B" is selected by "^A$/^B$".
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+strings.ReplaceAll(t.Name(), "/", "$/^")+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), specEnv+"="+string(raw))
-	out, err := cmd.CombinedOutput()
+	p := &Process{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	require.NoError(t, cmd.Start())
+	go func() {
+		defer cancel()
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// Exited reports whether the child has exited.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Kill SIGKILLs the child now and returns its output once it is dead.
+func (p *Process) Kill(t *testing.T) []byte {
+	t.Helper()
+	require.False(t, p.Exited(), "the child exited before its kill:\n%s", p.out.String())
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	return p.Wait(t)
+}
+
+// Wait waits until the child is dead, checks that it died of SIGKILL, and
+// returns its output.
+func (p *Process) Wait(t *testing.T) []byte {
+	t.Helper()
+	<-p.done
+	out := []byte(p.out.String())
 	var exit *exec.ExitError
-	require.ErrorAs(t, err, &exit, "child output:\n%s", out)
+	require.ErrorAs(t, p.err, &exit, "child output:\n%s", out)
 	status, ok := exit.Sys().(syscall.WaitStatus)
-	require.True(t, ok && status.Signaled() && status.Signal() == syscall.SIGKILL, "child did not die of SIGKILL: %v\n%s", err, out)
+	require.True(t, ok && status.Signaled() && status.Signal() == syscall.SIGKILL, "child did not die of SIGKILL: %v\n%s", p.err, out)
 	return out
+}
+
+// syncBuffer is a bytes.Buffer the child's output can be written to while
+// the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // AfterCommit returns a handler step (effects.RunConfig.AfterEffect) that
@@ -89,8 +162,12 @@ func AfterCommit(n int64) func(msg *message.Message) error {
 
 // Linger keeps a child alive until its kill; a child still alive after
 // Timeout fails.
-func Linger(t *testing.T) {
-	time.Sleep(Timeout)
+func Linger(t *testing.T) { LingerFor(t, Timeout) }
+
+// LingerFor keeps a child alive until its kill; a child still alive after
+// d fails.
+func LingerFor(t *testing.T, d time.Duration) {
+	time.Sleep(d)
 	t.Fatal("the child was not killed")
 }
 

@@ -304,7 +304,9 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 	if lat != nil && !d.Embedded {
 		rt.Through(lat)
 	}
-	conn, err := d.Open(ctx, dsn, slices.Max(o.conc), &rt)
+	// One connection more than messages in flight: the inbox leaves one
+	// free (inbox.ClaimPool), and a pgxinbox.Store refuses a pool of one.
+	conn, err := d.Open(ctx, dsn, slices.Max(o.conc)+1, &rt)
 	if err != nil {
 		return err
 	}

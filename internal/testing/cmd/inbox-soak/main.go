@@ -26,22 +26,34 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
+
+	"github.com/watermill-inbox/inbox/internal/testing/stream"
 )
 
 func main() {
+	if raw := os.Getenv(childEnv); raw != "" {
+		fmt.Fprintln(os.Stderr, "inbox-soak consumer:", runChild(raw))
+		os.Exit(1)
+	}
 	o := options{}
 	var progress bool
 	flag.IntVar(&o.deliveries, "deliveries", 100_000, "records to publish, duplicates included")
 	flag.Float64Var(&o.dupRatio, "dup", 0.3, "share of deliveries that are copies of an earlier event")
 	flag.IntVar(&o.partitions, "partitions", 8, "partitions of the topic")
-	flag.IntVar(&o.members, "members", 3, "consumer group members at most")
-	flag.StringVar(&o.dsn, "dsn", envOr("INBOX_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
+	flag.IntVar(&o.members, "members", 3, "consumer group members at most, in this process")
+	flag.StringVar(&o.driver, "driver", "pgx-stdlib", "the store and driver: "+strings.Join(stream.Drivers, ", "))
+	flag.StringVar(&o.dsn, "dsn", "", "the database: a PostgreSQL URL, a go-sql-driver/mysql DSN, a SQLite file (default: INBOX_TEST_POSTGRES_DSN or INBOX_TEST_MYSQL_DSN, else the local server; a temporary SQLite file)")
+	flag.BoolVar(&o.children, "process-kills", true, "run a consumer in a child process too, and SIGKILL it among the faults")
 	flag.IntVar(&o.faultEvery, "fault-every", 0, "committed records between two injected faults (default: deliveries/100)")
 	flag.Float64Var(&o.errRate, "errors", 0.01, "share of handler calls that return an error after writing the effect")
 	flag.Float64Var(&o.panicRate, "panics", 0.005, "share of handler calls that panic after writing the effect")
 	flag.BoolVar(&o.keep, "keep", false, "keep the inbox and effect tables")
 	flag.BoolVar(&progress, "progress", false, "print progress to stderr")
 	flag.Parse()
+	if o.dsn == "" {
+		o.dsn = defaultDSN(o.driver)
+	}
 	if o.faultEvery <= 0 {
 		o.faultEvery = max(1, o.deliveries/100)
 	}
@@ -59,6 +71,18 @@ func main() {
 		fmt.Fprintf(os.Stderr, "inbox-soak: %d violations of exactly-once\n", v)
 		os.Exit(1)
 	}
+}
+
+// defaultDSN is the test database of driver's dialect (empty for SQLite:
+// a temporary file).
+func defaultDSN(driver string) string {
+	switch driver {
+	case "mysql":
+		return envOr("INBOX_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test")
+	case "sqlite":
+		return ""
+	}
+	return envOr("INBOX_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 }
 
 func envOr(key, def string) string {

@@ -3,13 +3,14 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -21,13 +22,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testing/kafkatest"
+	"github.com/watermill-inbox/inbox/internal/testing/stream"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -36,8 +38,10 @@ type options struct {
 	deliveries int       // messages published, duplicates included
 	dupRatio   float64   // share of deliveries that are copies of an earlier event
 	partitions int       // of the topic
-	members    int       // consumer group members at most
-	dsn        string    // PostgreSQL, reached directly and through the proxy
+	members    int       // consumer group members at most, in this process
+	driver     string    // one of stream.Drivers
+	dsn        string    // the database, reached directly and through the proxy; SQLite: a file
+	children   bool      // a consumer in a child process too, SIGKILLed among the faults
 	faultEvery int       // committed records between two injected faults
 	errRate    float64   // share of handler calls that fail after writing the effect
 	panicRate  float64   // share of handler calls that panic after writing the effect
@@ -53,15 +57,16 @@ const messageTimeout = 5 * time.Second
 type faults struct {
 	crashes       atomic.Int64 // members killed after a commit, before the ack
 	left, joined  atomic.Int64 // members leaving and joining the group
-	terminations  atomic.Int64 // pg_terminate_backend rounds
-	terminated    atomic.Int64 // backends they killed inside a transaction
+	terminations  atomic.Int64 // rounds of pg_terminate_backend, or of KILL CONNECTION on MySQL
+	terminated    atomic.Int64 // connections they killed inside a transaction
 	proxyCuts     atomic.Int64 // every connection through the proxy cut
+	processKills  atomic.Int64 // consumer processes SIGKILLed
 	handlerErrors atomic.Int64
 	panics        atomic.Int64
 }
 
 func (f *faults) total() int64 {
-	return f.crashes.Load() + f.left.Load() + f.joined.Load() + f.terminated.Load() + f.proxyCuts.Load() + f.handlerErrors.Load() + f.panics.Load()
+	return f.crashes.Load() + f.left.Load() + f.joined.Load() + f.terminated.Load() + f.proxyCuts.Load() + f.processKills.Load() + f.handlerErrors.Load() + f.panics.Load()
 }
 
 // result is what the database says after the soak.
@@ -84,16 +89,19 @@ func (r result) violations() int64 {
 
 type soak struct {
 	o       options
-	db      *sql.DB // direct, for setup, faults and the final check
-	cdb     *sql.DB // the consumers', through the proxy
+	direct  *stream.Target // for setup, faults and the final check
+	target  *stream.Target // the consumers', through the proxy (SQLite: none)
+	cdsn    string         // the consumers' DSN
 	proxy   *toxiproxy.Proxy
-	broker  *kfake.Cluster
+	broker  *kfake.Cluster // nil in a child process
+	addrs   []string       // the broker's
 	topic   string
 	group   string
-	app     string // application_name of the consumers' connections
+	app     string // application_name of the consumers' PostgreSQL connections
 	inbox   string
 	effects string
-	store   *sqlinbox.Store
+	tmp     string // SQLite's directory, when the soak made one
+	child   *child
 
 	faults   faults
 	attempts atomic.Int64
@@ -132,13 +140,18 @@ func run(ctx context.Context, o options, out io.Writer) (result, *faults, error)
 
 func (s *soak) run(ctx context.Context) (res result, err error) {
 	start := time.Now()
+	defer s.teardown()
 	if err := s.setup(ctx); err != nil {
 		return res, err
 	}
-	defer s.teardown()
 
 	for range s.o.members {
 		if err := s.join(); err != nil {
+			return res, err
+		}
+	}
+	if s.o.children {
+		if err := s.startChild(); err != nil {
 			return res, err
 		}
 	}
@@ -168,116 +181,124 @@ func (s *soak) run(ctx context.Context) (res result, err error) {
 		return res, err
 	}
 	s.stopAll()
+	if s.child != nil {
+		s.child.kill()
+		s.child = nil
+	}
 	res, err = s.check(ctx, unique)
 	res.elapsed = time.Since(start)
 	return res, err
 }
 
 func (s *soak) setup(ctx context.Context) error {
+	tables := stream.Tables{Inbox: s.inbox, Effects: s.effects}
+	dsn := s.o.dsn
+	if s.o.driver == "sqlite" {
+		if dsn == "" {
+			dir, err := os.MkdirTemp("", "inbox-soak-")
+			if err != nil {
+				return err
+			}
+			s.tmp, dsn = dir, filepath.Join(dir, "soak.db")
+		}
+		dsn = sqlinbox.SQLiteDSN(dsn)
+	}
 	var err error
-	if s.db, err = sql.Open("pgx", s.o.dsn); err != nil {
+	if s.direct, err = stream.Connect(ctx, s.o.driver, dsn, tables, 4); err != nil {
 		return err
 	}
-	if err := s.db.PingContext(ctx); err != nil {
-		return fmt.Errorf("no PostgreSQL at %s: %w", s.o.dsn, err)
-	}
-	if _, err := s.db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (id bigserial PRIMARY KEY, event_id text NOT NULL);
-		CREATE INDEX ON %[1]s (event_id)`, s.effects)); err != nil {
-		return fmt.Errorf("creating the effect table: %w", err)
+	if err := s.direct.DB.PingContext(ctx); err != nil {
+		return fmt.Errorf("no database at %s: %w", s.o.dsn, err)
 	}
 
-	// The consumers reach PostgreSQL through a TCP proxy that the soak
-	// cuts, under an application_name that pg_terminate_backend targets.
-	u, err := url.Parse(s.o.dsn)
-	if err != nil {
-		return fmt.Errorf("parsing -dsn: %w", err)
+	// The consumers reach a database server through a TCP proxy that the
+	// soak cuts, under an application_name that pg_terminate_backend
+	// targets.
+	s.cdsn = dsn
+	if s.o.driver != "sqlite" {
+		if s.cdsn, err = s.proxied(dsn); err != nil {
+			return err
+		}
 	}
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	s.proxy = toxiproxy.NewProxy(srv, "postgres", "127.0.0.1:0", u.Host)
-	if err := s.proxy.Start(); err != nil {
-		return fmt.Errorf("starting the proxy: %w", err)
-	}
-	u.Host = s.proxy.Listen
-	q := u.Query()
-	q.Set("application_name", s.app)
-	u.RawQuery = q.Encode()
-	if s.cdb, err = sql.Open("pgx", u.String()); err != nil {
+	if s.target, err = stream.Connect(ctx, s.o.driver, s.cdsn, tables, s.o.partitions+4); err != nil {
 		return err
 	}
-	s.cdb.SetMaxOpenConns(s.o.partitions + 4)
-	s.store, err = sqlinbox.New(s.cdb, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: s.inbox})
-	if err != nil {
-		return err
-	}
-	if err := s.store.CreateSchema(ctx); err != nil {
-		return err
+	if err := s.target.Create(ctx); err != nil {
+		return fmt.Errorf("creating the tables: %w", err)
 	}
 
 	s.broker, err = kafkatest.NewCluster()
 	if err != nil {
 		return err
 	}
+	s.addrs = s.broker.ListenAddrs()
 	return s.broker.CreateTopic(s.topic, int32(s.o.partitions), nil)
+}
+
+// proxied starts the proxy in front of the server of dsn and returns the
+// DSN that reaches it through the proxy.
+func (s *soak) proxied(dsn string) (string, error) {
+	var upstream string
+	var rewrite func(listen string) string
+	if s.o.driver == "mysql" {
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parsing -dsn: %w", err)
+		}
+		upstream = cfg.Addr
+		rewrite = func(listen string) string { cfg.Addr = listen; return cfg.FormatDSN() }
+	} else {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parsing -dsn: %w", err)
+		}
+		upstream = u.Host
+		rewrite = func(listen string) string {
+			u.Host = listen
+			q := u.Query()
+			q.Set("application_name", s.app)
+			u.RawQuery = q.Encode()
+			return u.String()
+		}
+	}
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	s.proxy = toxiproxy.NewProxy(srv, "database", "127.0.0.1:0", upstream)
+	if err := s.proxy.Start(); err != nil {
+		return "", fmt.Errorf("starting the proxy: %w", err)
+	}
+	return rewrite(s.proxy.Listen), nil
 }
 
 func (s *soak) teardown() {
 	s.stopAll()
+	if s.child != nil {
+		s.child.kill()
+	}
 	if s.broker != nil {
 		s.broker.Close()
 	}
 	if s.proxy != nil {
 		s.proxy.Stop()
 	}
-	if s.cdb != nil {
-		_ = s.cdb.Close()
+	if s.target != nil {
+		s.target.Close()
 	}
-	if s.db != nil {
+	if s.direct != nil {
 		if !s.o.keep {
-			_, _ = s.db.Exec(`DROP TABLE IF EXISTS ` + s.effects + `, ` + s.inbox)
+			_ = s.direct.Drop(context.Background())
 		}
-		_ = s.db.Close()
+		s.direct.Close()
+	}
+	if s.tmp != "" && !s.o.keep {
+		_ = os.RemoveAll(s.tmp)
 	}
 }
 
 // publish writes every event once and, spread among them, copies of recent
-// events (a relay republishing after a crash), for deliveries records in all.
-// Each copy has a new message UUID and the event's event_id, as a relay
-// retry builds it; records go round-robin, so copies usually land on another
-// partition and race the original.
+// events (a relay republishing after a crash), for deliveries records in
+// all (stream.Publish).
 func (s *soak) publish(ctx context.Context, unique int) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.broker.ListenAddrs()...), kgo.DefaultProduceTopic(s.topic),
-		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.ProducerLinger(5*time.Millisecond))
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	var failed atomic.Pointer[error]
-	produce := func(event int) {
-		rec := &kgo.Record{Value: []byte(`{}`), Headers: []kgo.RecordHeader{
-			{Key: kafka.UUIDHeaderKey, Value: []byte(watermill.NewUUID())},
-			{Key: "event_id", Value: fmt.Appendf(nil, "e%d", event)},
-		}}
-		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
-			if err != nil {
-				failed.CompareAndSwap(nil, &err)
-			}
-		})
-	}
-	dups := s.o.deliveries - unique
-	const window = 2000 // copies repeat one of the last window events
-	for i := range unique {
-		produce(i)
-		for range (i+1)*dups/unique - i*dups/unique {
-			produce(max(0, i-mrand.IntN(window)))
-		}
-	}
-	if err := cl.Flush(ctx); err != nil {
-		return err
-	}
-	if p := failed.Load(); p != nil {
-		return *p
-	}
-	return nil
+	return stream.Publish(ctx, s.addrs, s.topic, 0, unique, s.o.deliveries)
 }
 
 func (s *soak) records() (n int64) {
@@ -339,7 +360,7 @@ type committedKey struct{}
 // join starts a new member of the consumer group.
 func (s *soak) join() error {
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers:               s.broker.ListenAddrs(),
+		Brokers:               s.addrs,
 		Unmarshaler:           kafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: s.saramaConfig(),
 		ConsumerGroup:         s.group,
@@ -353,7 +374,7 @@ func (s *soak) join() error {
 	if err != nil {
 		return err
 	}
-	mw, err := inbox.NewMiddleware(inbox.Config{Store: s.store, Consumer: "soak", Observer: s})
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: s.target.Store, Consumer: "soak", Observer: s})
 	if err != nil {
 		return err
 	}
@@ -408,12 +429,8 @@ func (s *soak) crashAfterCommit(m *member) message.HandlerMiddleware {
 // panic, which must roll the row back.
 func (s *soak) handle(msg *message.Message) error {
 	ctx := msg.Context()
-	tx, ok := inbox.TxFromContext(ctx)
-	if !ok {
-		return errors.New("no inbox transaction")
-	}
 	id, _, _ := inbox.EventIDFromContext(ctx)
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.effects+` (event_id) VALUES ($1)`, id); err != nil {
+	if err := s.target.WriteEffect(ctx, id); err != nil {
 		return fmt.Errorf("writing the effect: %w", err)
 	}
 	switch r := mrand.Float64(); {
@@ -504,10 +521,12 @@ func (s *soak) stopAll() {
 }
 
 // chaos injects a fault each time the group has committed faultEvery more
-// records, in turn: a crash after commit, a member leaving,
-// pg_terminate_backend on the consumers' transactions, a cut of every
-// proxied connection, a member joining. Pacing by progress rather than by
-// time keeps the group consuming between rebalances on a slow machine.
+// records, in turn: a crash after commit, a member leaving, the consumers'
+// connections killed inside their transactions, a cut of every proxied
+// connection, a member joining, the consumer child process SIGKILLed and
+// a new one started. Faults a database cannot have (SQLite has no server
+// connections) are skipped. Pacing by progress rather than by time keeps
+// the group consuming between rebalances on a slow machine.
 func (s *soak) chaos(ctx context.Context) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -519,7 +538,7 @@ func (s *soak) chaos(ctx context.Context) {
 			case <-tick.C:
 			}
 		}
-		switch i % 5 {
+		switch i % 6 {
 		case 0:
 			s.armCrash.Store(true)
 		case 1:
@@ -534,29 +553,73 @@ func (s *soak) chaos(ctx context.Context) {
 				s.stopLater(m, false)
 			}
 		case 2:
-			var n int64
-			err := s.db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE application_name = $1 AND xact_start IS NOT NULL AND pid <> pg_backend_pid()`, s.app).Scan(&n)
-			if err == nil {
+			if n, ok := s.killTransactions(ctx); ok {
 				s.faults.terminations.Add(1)
 				s.faults.terminated.Add(n)
 			}
 		case 3:
-			s.proxy.Stop()
-			if err := s.proxy.Start(); err == nil {
-				s.faults.proxyCuts.Add(1)
+			if s.proxy != nil {
+				s.proxy.Stop()
+				if err := s.proxy.Start(); err == nil {
+					s.faults.proxyCuts.Add(1)
+				}
+			}
+		case 5:
+			if s.child != nil {
+				if s.child.kill() {
+					s.faults.processKills.Add(1)
+				} else if s.o.progress != nil {
+					fmt.Fprintf(s.o.progress, "the consumer process had exited:\n%s", s.child.out.String())
+				}
+				s.child = nil
+				if err := s.startChild(); err != nil && s.o.progress != nil {
+					fmt.Fprintln(s.o.progress, "starting a consumer process:", err)
+				}
 			}
 		}
 		// Keep the group between one and members members.
 		s.mu.Lock()
 		n := len(s.members)
 		s.mu.Unlock()
-		if n == 0 || (i%5 == 4 && n < s.o.members) {
+		if n == 0 || (i%6 == 4 && n < s.o.members) {
 			if s.join() == nil {
 				s.faults.joined.Add(1)
 			}
 		}
 	}
+}
+
+// killTransactions kills the consumers' connections that are inside a
+// transaction, from the server side, and returns how many it killed; ok is
+// false where the database has no such connections (SQLite).
+func (s *soak) killTransactions(ctx context.Context) (n int64, ok bool) {
+	switch s.direct.Dialect() {
+	case sqlinbox.PostgreSQL:
+		err := s.direct.DB.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE application_name = $1 AND xact_start IS NOT NULL AND pid <> pg_backend_pid()`, s.app).Scan(&n)
+		return n, err == nil
+	case sqlinbox.MySQL:
+		// Only the consumers hold transactions on the soak's tables.
+		rows, err := s.direct.DB.QueryContext(ctx, `SELECT trx_mysql_thread_id FROM information_schema.innodb_trx WHERE trx_mysql_thread_id <> CONNECTION_ID()`)
+		if err != nil {
+			return 0, false
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if rows.Scan(&id) == nil {
+				ids = append(ids, id)
+			}
+		}
+		_ = rows.Close()
+		for _, id := range ids {
+			if _, err := s.direct.DB.ExecContext(ctx, fmt.Sprintf(`KILL CONNECTION %d`, id)); err == nil {
+				n++
+			}
+		}
+		return n, true
+	}
+	return 0, false
 }
 
 // check reads the verdict from the database: one effect row per event,
@@ -567,18 +630,12 @@ func (s *soak) check(ctx context.Context, unique int) (result, error) {
 		r.outcomes[k.(inbox.Outcome)] = v.(*atomic.Int64).Load()
 		return true
 	})
-	err := s.db.QueryRowContext(ctx, fmt.Sprintf(`
-		WITH counts AS (SELECT event_id, count(*) AS n FROM %[1]s GROUP BY event_id),
-		     events AS (SELECT 'e' || g AS event_id FROM generate_series(0, $1::int - 1) g)
-		SELECT (SELECT count(*) FROM %[1]s),
-		       (SELECT count(*) FROM %[2]s),
-		       (SELECT count(*) FROM events LEFT JOIN counts USING (event_id) WHERE counts.n IS NULL),
-		       (SELECT count(*) FROM counts WHERE n > 1),
-		       (SELECT count(*) FROM counts LEFT JOIN events e USING (event_id) WHERE e.event_id IS NULL)`,
-		s.effects, s.inbox), unique).Scan(&r.effects, &r.inboxRows, &r.missing, &r.doubled, &r.unknown)
+	v, err := stream.Count(ctx, s.direct, unique)
 	if err != nil {
 		return r, fmt.Errorf("checking the effects: %w", err)
 	}
+	r.effects, r.inboxRows = int64(v.Effects), int64(v.InboxRows)
+	r.missing, r.doubled, r.unknown = int64(v.Missing), int64(v.Doubled), int64(v.Unknown)
 	return r, nil
 }
 
@@ -586,10 +643,11 @@ func (s *soak) print(out io.Writer, r result) {
 	f := &s.faults
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(label string, v any, note string) { fmt.Fprintf(w, "%s\t%v\t  %s\n", label, v, note) }
+	row("database", s.o.driver, "")
 	row("deliveries", r.deliveries, "records published to Kafka")
 	row("unique events", r.unique, "")
 	row("duplicates", r.duplicates, fmt.Sprintf("%.1f%% of deliveries, published as relay retries", 100*float64(r.duplicates)/float64(r.deliveries)))
-	row("handled", r.attempts, "messages that reached the inbox, redeliveries after faults included")
+	row("handled", r.attempts, "messages that reached the inbox in this process, redeliveries after faults included")
 	for _, o := range []inbox.Outcome{inbox.OutcomeProcessed, inbox.OutcomeDuplicate, inbox.OutcomeRolledBack, inbox.OutcomeClaimFailed, inbox.OutcomeCommitFailed, inbox.OutcomeInFlight} {
 		row("  "+string(o), r.outcomes[o], "")
 	}
@@ -597,8 +655,9 @@ func (s *soak) print(out io.Writer, r result) {
 	row("  crashes after commit", f.crashes.Load(), "member killed before the ack")
 	row("  members left", f.left.Load(), "")
 	row("  members joined", f.joined.Load(), "")
-	row("  backends terminated", f.terminated.Load(), fmt.Sprintf("pg_terminate_backend inside a transaction, in %d rounds", f.terminations.Load()))
+	row("  connections killed", f.terminated.Load(), fmt.Sprintf("inside a transaction, by the server (pg_terminate_backend, KILL CONNECTION), in %d rounds", f.terminations.Load()))
 	row("  proxy cuts", f.proxyCuts.Load(), "every consumer connection cut at once")
+	row("  process kills", f.processKills.Load(), "the consumer child process SIGKILLed, a new one started")
 	row("  handler errors", f.handlerErrors.Load(), "")
 	row("  handler panics", f.panics.Load(), "")
 	row("effects", r.effects, "rows written by committed handlers")

@@ -1,0 +1,2 @@
+-- name: CreateInvoice :exec
+INSERT INTO invoices (order_id) VALUES (?);

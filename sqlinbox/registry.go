@@ -1,0 +1,100 @@
+package sqlinbox
+
+import (
+	"context"
+	"fmt"
+
+	inbox "github.com/watermill-inbox/inbox"
+)
+
+// registrySuffix names the consumer registry beside the inbox table:
+// "watermill_inbox_consumers".
+const registrySuffix = "consumers"
+
+// registryQueries is the SQL of an inbox table's consumer registry: one row
+// per consumer, naming the service that claimed with it first
+// (inbox.ConsumerRegistry). It is read once per consumer and process, never
+// per message, so it is a plain table on every dialect and layout.
+type registryQueries struct {
+	// create makes the table; CreateSchema and SchemaSQL end with it.
+	create string
+	// register inserts (consumer, service) unless the consumer has a row,
+	// never failing on the key; owner then reads the consumer's service.
+	register, owner string
+}
+
+var _ inbox.ConsumerRegistry = (*Store)(nil)
+
+func (postgresql) registry(t tableName) registryQueries {
+	table := t.derived(registrySuffix).quoted('"')
+	return registryQueries{
+		create: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer      text        NOT NULL PRIMARY KEY CHECK (octet_length(consumer) BETWEEN 1 AND 255),
+	service       text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
+	registered_at timestamptz NOT NULL DEFAULT now()
+)`, table),
+		register: fmt.Sprintf(`INSERT INTO %s (consumer, service) VALUES ($1, $2) ON CONFLICT DO NOTHING`, table),
+		owner:    fmt.Sprintf(`SELECT service FROM %s WHERE consumer = $1`, table),
+	}
+}
+
+func (mysqlDialect) registry(t tableName) registryQueries {
+	table := t.derived(registrySuffix).quoted('`')
+	return registryQueries{
+		// Binary columns, as the inbox's: consumers compare byte for byte.
+		create: fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n"+
+			"\tconsumer      VARBINARY(255) NOT NULL PRIMARY KEY,\n"+
+			"\tservice       VARBINARY(255) NOT NULL,\n"+
+			"\tregistered_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))\n"+
+			") ENGINE=InnoDB", table),
+		register: fmt.Sprintf("INSERT INTO %s (consumer, service) VALUES (?, ?) ON DUPLICATE KEY UPDATE consumer = consumer", table),
+		owner:    fmt.Sprintf("SELECT service FROM %s WHERE consumer = ?", table),
+	}
+}
+
+func (sqlite) registry(t tableName) registryQueries {
+	table := t.derived(registrySuffix).quoted('"')
+	return registryQueries{
+		create: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer      TEXT NOT NULL PRIMARY KEY CHECK (length(CAST(consumer AS BLOB)) BETWEEN 1 AND 255),
+	service       TEXT NOT NULL CHECK (length(CAST(service AS BLOB)) BETWEEN 1 AND 255),
+	registered_at TEXT NOT NULL DEFAULT (strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now'))
+) WITHOUT ROWID`, table),
+		register: fmt.Sprintf(`INSERT INTO %s (consumer, service) VALUES (?, ?) ON CONFLICT DO NOTHING`, table),
+		owner:    fmt.Sprintf(`SELECT service FROM %s WHERE consumer = ?`, table),
+	}
+}
+
+// RegistryTable returns the consumer registry's name: the inbox table's
+// with the suffix "_consumers", in the same schema.
+func (s *Store) RegistryTable() string { return s.table.derived(registrySuffix).String() }
+
+// RegisterConsumer implements [inbox.ConsumerRegistry]: it records service
+// as consumer's owner unless another service already is, and returns the
+// owner. Two statements outside any transaction, so that the second sees
+// the row of a service that registered concurrently.
+func (s *Store) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
+	var owner string
+	_, err := s.db.ExecContext(ctx, s.q.registry.register, consumer, service)
+	if err == nil {
+		err = s.db.QueryRowContext(ctx, s.q.registry.owner, consumer).Scan(&owner)
+	}
+	if err != nil {
+		return "", s.registryErr(ctx, err)
+	}
+	return owner, nil
+}
+
+// registryErr explains a failed registration: a missing table (created
+// before the registry) by what to run, anything else as it is.
+func (s *Store) registryErr(ctx context.Context, err error) error {
+	md, ok := s.dialect.(maintenanceDialect)
+	if !ok {
+		return err
+	}
+	cols, cerr := maintainer{s}.columns(ctx, md.maintenanceQueries(s.table.derived(registrySuffix), s.config))
+	if cerr == nil && len(cols) == 0 {
+		return fmt.Errorf("%w: %s; run Store.CreateSchema, or apply the CREATE TABLE %s statement of Store.SchemaSQL (%w)", inbox.ErrNoConsumerRegistry, s.RegistryTable(), s.RegistryTable(), err)
+	}
+	return s.dialectErr(s.dialect.classify(err))
+}
