@@ -70,7 +70,9 @@ func (m maintainer) DownSQL() (dropTable, dropFingerprint string) {
 	if err != nil {
 		return "", ""
 	}
-	return q.dropTable, q.dropFingerprint
+	// The registry goes with the table: its owners are the table's
+	// consumers, and an Up after this Down creates both again.
+	return q.dropTable + ";\n" + m.s.q.registry.drop, q.dropFingerprint
 }
 
 // maintenanceDialect is what a dialect offers the maintenance seam besides

@@ -21,6 +21,8 @@ type registryQueries struct {
 	// register inserts (consumer, service) unless the consumer has a row,
 	// never failing on the key; owner then reads the consumer's service.
 	register, owner string
+	// drop removes the table, for a migration tool's down step.
+	drop string
 }
 
 var _ inbox.ConsumerRegistry = (*Store)(nil)
@@ -35,6 +37,7 @@ func (postgresql) registry(t tableName) registryQueries {
 )`, table),
 		register: fmt.Sprintf(`INSERT INTO %s (consumer, service) VALUES ($1, $2) ON CONFLICT DO NOTHING`, table),
 		owner:    fmt.Sprintf(`SELECT service FROM %s WHERE consumer = $1`, table),
+		drop:     `DROP TABLE IF EXISTS ` + table,
 	}
 }
 
@@ -49,6 +52,7 @@ func (mysqlDialect) registry(t tableName) registryQueries {
 			") ENGINE=InnoDB", table),
 		register: fmt.Sprintf("INSERT INTO %s (consumer, service) VALUES (?, ?) ON DUPLICATE KEY UPDATE consumer = consumer", table),
 		owner:    fmt.Sprintf("SELECT service FROM %s WHERE consumer = ?", table),
+		drop:     "DROP TABLE IF EXISTS " + table,
 	}
 }
 
@@ -62,6 +66,7 @@ func (sqlite) registry(t tableName) registryQueries {
 ) WITHOUT ROWID`, table),
 		register: fmt.Sprintf(`INSERT INTO %s (consumer, service) VALUES (?, ?) ON CONFLICT DO NOTHING`, table),
 		owner:    fmt.Sprintf(`SELECT service FROM %s WHERE consumer = ?`, table),
+		drop:     `DROP TABLE IF EXISTS ` + table,
 	}
 }
 

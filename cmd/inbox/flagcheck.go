@@ -26,7 +26,7 @@ func (d *database) checkFlags(db *sql.DB) error {
 		return usage("-partition-key %s needs -partitioning daily or monthly", d.partitionKey)
 	}
 	// The table name alone: any error is the table's.
-	if _, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: d.table}); err != nil {
+	if _, err := sqlinbox.New(db, sqlinbox.Config{Dialect: dialects[d.dialect].dialect, Table: d.table}); err != nil {
 		if inner := errors.Unwrap(err); inner != nil {
 			err = inner
 		}

@@ -46,8 +46,9 @@ type Store interface {
 	ClaimSQL() ClaimSQL
 	// DownSQL returns the statements that undo the schema, for a
 	// migration tool's down step: dropTable drops the table, its
-	// partitions and every claim; dropFingerprint drops the fingerprint
-	// column.
+	// partitions and every claim, then the consumer registry (two
+	// statements, separated by a semicolon and a newline);
+	// dropFingerprint drops the fingerprint column.
 	DownSQL() (dropTable, dropFingerprint string)
 
 	// Stats counts the claims per consumer and reads the table's size and
