@@ -7,6 +7,8 @@
 # INBOX_TEST_REDIS_ADDR). Otherwise throwaway servers are started in a
 # temporary directory and removed at exit; as root, the Debian packages are
 # installed first when their binaries are missing.
+# PgBouncer is always started, in transaction pooling mode in front of
+# that PostgreSQL (INBOX_TEST_PGBOUNCER_DSN points at another).
 # INBOX_TEST_THROWAWAY=1 forces throwaway servers even when local ones answer.
 # ./test.sh --install only installs the missing packages (CI does it before it
 # cuts the network off).
@@ -78,6 +80,7 @@ install_patroni() {
 # missing, and promtool.
 install_missing() {
 	[ -n "$(pg_bin)" ] || apt_install postgresql INBOX_TEST_POSTGRES_DSN
+	has pgbouncer || apt_install pgbouncer INBOX_TEST_PGBOUNCER_DSN
 	has mariadbd || apt_install mariadb-server INBOX_TEST_MYSQL_DSN
 	[ -x "$rabbitmq_bin" ] || apt_install rabbitmq-server INBOX_TEST_AMQP_URL
 	has nats-server || apt_install nats-server INBOX_TEST_NATS_URL
@@ -116,6 +119,10 @@ kill_leftovers() {
 	done
 }
 cleanup() {
+	if [ -s "$work/pgbouncer/exits" ]; then
+		log "PgBouncer exited $(wc -l <"$work/pgbouncer/exits") times during the run and was started again (PgBouncer 1.18 crashes on some cancel requests: its issues 801, 822, 904): a test that failed meanwhile may have failed for it; the end of its log:"
+		tail -n 20 "$work/pgbouncer/log" >&2 || true
+	fi
 	kill_leftovers
 	for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
 	for cmd in "${stops[@]}"; do eval "$cmd" >/dev/null 2>&1 || true; done
@@ -167,6 +174,85 @@ start_postgres() {
 	"$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qc 'CREATE DATABASE test' >/dev/null
 	export INBOX_TEST_POSTGRES_DSN="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
 	log "started a throwaway PostgreSQL on 127.0.0.1:$port in $(($(now_ms) - t0)) ms"
+}
+
+# start_pgbouncer starts PgBouncer in transaction pooling mode in front of
+# the PostgreSQL of INBOX_TEST_POSTGRES_DSN (a postgres:// URL), the way
+# production services reach PostgreSQL: no machine runs one for the tests.
+# server_round_robin hands consecutive transactions of one client to
+# different server connections of a warm pool, which is what breaks
+# session state. It runs as the postgres user (it refuses root), under
+# $dir/run.sh, which starts it again should it exit: PgBouncer 1.18 can
+# crash on a cancel request (its issues 801, 822 and 904, fixed by 1.20.1),
+# and Go drivers send one for a statement whose context ends. The run then
+# says so at its end.
+start_pgbouncer() {
+	has pgbouncer || apt_install pgbouncer INBOX_TEST_PGBOUNCER_DSN
+	local bin dir=$work/pgbouncer port=26431 owner=postgres hostport t0 up= supervisor
+	bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+	t0=$(now_ms)
+	hostport=${INBOX_TEST_POSTGRES_DSN#postgres://*@}
+	hostport=${hostport%%/*}
+	case "$hostport" in
+	*:*) ;;
+	*)
+		log "cannot put PgBouncer in front of INBOX_TEST_POSTGRES_DSN (not a postgres://user@host:port/... URL): set INBOX_TEST_PGBOUNCER_DSN"
+		exit 1
+		;;
+	esac
+	mkdir -p "$dir"
+	echo '"postgres" ""' >"$dir/users"
+	cat >"$dir/run.sh" <<-EOF
+		ulimit -n 4096 2>/dev/null
+		for _ in \$(seq 1 20); do
+			[ ! -e "$dir/stop" ] && [ -e "$dir/pgbouncer.ini" ] || exit 0
+			"$bin" -q "$dir/pgbouncer.ini" 2>>"$dir/start.log"
+			[ ! -e "$dir/stop" ] && [ -e "$dir/pgbouncer.ini" ] || exit 0
+			date >>"$dir/exits"
+			sleep 0.2
+		done
+	EOF
+	if [ "$(id -u)" = 0 ]; then chown -R postgres "$dir"; else owner=$(id -un); fi
+	for _ in 1 2 3 4 5; do # another program may take the port first
+		port=$(free_port $((port + 1)))
+		cat >"$dir/pgbouncer.ini" <<-EOF
+			[databases]
+			test = host=${hostport%:*} port=${hostport##*:} dbname=test user=postgres
+			[pgbouncer]
+			listen_addr = 127.0.0.1
+			listen_port = $port
+			unix_socket_dir =
+			auth_type = trust
+			auth_file = $dir/users
+			pool_mode = transaction
+			server_round_robin = 1
+			default_pool_size = 20
+			max_client_conn = 2000
+			logfile = $dir/log
+			pidfile = $dir/pid
+		EOF
+		rm -f "$dir/stop" "$dir/exits"
+		as_owner "$owner" sh "$dir/run.sh" >/dev/null 2>&1 &
+		supervisor=$!
+		for _ in $(seq 1 100); do
+			if answers 127.0.0.1 "$port"; then up=1; break; fi
+			sleep 0.05
+		done
+		[ -z "$up" ] || break
+		touch "$dir/stop"
+		[ ! -f "$dir/pid" ] || kill "$(cat "$dir/pid")" 2>/dev/null || true
+		wait "$supervisor" 2>/dev/null || true
+	done
+	if [ -z "$up" ]; then
+		log "could not start PgBouncer; its log:"
+		cat "$dir/start.log" "$dir/log" >&2 2>/dev/null || true
+		exit 1
+	fi
+	rm -f "$dir/exits"
+	# The supervisor must see the stop file before cleanup removes it.
+	stops+=("touch $dir/stop; kill \$(cat $dir/pid); wait $supervisor")
+	export INBOX_TEST_PGBOUNCER_DSN="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
+	log "started $("$bin" --version | head -n 1) in transaction pooling mode on 127.0.0.1:$port in $(($(now_ms) - t0)) ms"
 }
 
 start_mariadb() {
@@ -315,6 +401,7 @@ if [ -z "${INBOX_TEST_POSTGRES_DSN:-}" ]; then
 		start_postgres
 	fi
 fi
+[ -n "${INBOX_TEST_PGBOUNCER_DSN:-}" ] || start_pgbouncer
 if [ -z "${INBOX_TEST_MYSQL_DSN:-}" ]; then
 	if [ "${INBOX_TEST_THROWAWAY:-}" != 1 ] && answers 127.0.0.1 3306; then
 		export INBOX_TEST_MYSQL_DSN="root@tcp(127.0.0.1:3306)/test"

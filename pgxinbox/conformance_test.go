@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,12 +23,21 @@ import (
 // the time inside event ids.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []string{"", "daily-partitions", "event-time-partitions"} {
-		target := nativeTarget("PostgreSQL/pgx-native")
+	for _, layout := range []string{"", "daily-partitions", "event-time-partitions", "pgbouncer", "pgbouncer/event-time-partitions"} {
+		target := nativeTarget("PostgreSQL/pgx-native", testdb.PostgresDSN())
+		if pooled := strings.HasPrefix(layout, "pgbouncer"); pooled {
+			// Through PgBouncer in transaction pooling mode, with the DSN
+			// settings and the Config docs/poolers.md give.
+			target = nativeTarget("PostgreSQL/pgx-native", testdb.PoolerDSN("pgx"))
+			target.Open = func(t testing.TB) *sql.DB { return testdb.PgBouncer(t, "pgx") }
+			target.TransactionPooling = true
+		}
 		if layout != "" {
 			target.Name += "/" + layout
+		}
+		if strings.HasSuffix(layout, "partitions") {
 			target.Partitioning = sqlinbox.Daily
-			target.EventIDTime = layout == "event-time-partitions"
+			target.EventIDTime = strings.HasSuffix(layout, "event-time-partitions")
 		}
 		t.Run(target.Name, func(t *testing.T) {
 			t.Parallel()
@@ -36,7 +46,8 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-func nativeTarget(name string) conformance.Target {
+// nativeTarget is the suite on pgxinbox.Store, its pools opened on dsn.
+func nativeTarget(name, dsn string) conformance.Target {
 	return conformance.Target{
 		Name:                    name,
 		Dialect:                 sqlinbox.PostgreSQL,
@@ -46,7 +57,7 @@ func nativeTarget(name string) conformance.Target {
 		ClaimTimeout:            true,
 		Native: &conformance.Native{
 			Store: func(t testing.TB, sc sqlinbox.Config) (inbox.Store, func(), error) {
-				pool, err := pgxpool.New(context.Background(), testdb.PostgresDSN())
+				pool, err := pgxpool.New(context.Background(), dsn)
 				require.NoError(t, err)
 				t.Cleanup(pool.Close)
 				store, err := pgxinbox.NewStore(pool, sc)

@@ -61,6 +61,9 @@ func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
 	if config.Dialect != sqlinbox.PostgreSQL {
 		return nil, fmt.Errorf("pgxinbox: invalid config: pgx speaks PostgreSQL, not %s", config.Dialect)
 	}
+	if mode := pool.Config().ConnConfig.DefaultQueryExecMode; config.TransactionPooling && !poolerSafe(mode) {
+		return nil, fmt.Errorf("pgxinbox: invalid config: TransactionPooling is set, but the pool's default query exec mode (%s) relies on the server connection of one statement serving the next, which a transaction-pooling proxy does not give: add default_query_exec_mode=exec to the DSN (or set ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec), see docs/poolers.md", mode)
+	}
 	maxConns := int(pool.Config().MaxConns)
 	if maxConns < 2 {
 		return nil, fmt.Errorf("pgxinbox: invalid config: the pool opens at most %d connection, and each message in flight holds one for its whole handler: give it at least 2 (pool_max_conns), so that the inbox can leave one free for everything else (pgxpool does not count the callers waiting for a connection, so a handler asking a pool of one for a second connection could not even be detected)", maxConns)
@@ -245,6 +248,19 @@ func (s *Store) verify(ctx context.Context) error {
 		return nil
 	}
 	return s.claim.Verify(ctx)
+}
+
+// poolerSafe reports whether pgx's exec mode sends each statement in one
+// go, without a named prepared statement: cache_statement prepares named
+// statements, describe_exec describes the unnamed statement in one round
+// trip and runs it in the next, and behind a transaction-pooling proxy
+// each may reach another server connection.
+func poolerSafe(mode pgx.QueryExecMode) bool {
+	switch mode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheDescribe:
+		return true
+	}
+	return false
 }
 
 // txOptions maps database/sql transaction options ([inbox.Config].TxOptions)

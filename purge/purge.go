@@ -11,7 +11,10 @@
 // first in batches through the processed_at index, each statement under a
 // timeout, with a short random pause between batches and smaller batches
 // after a timeout. One instance purges at a time (a PostgreSQL advisory lock
-// or a MySQL named lock held by the round); the others skip the round. On a
+// held by a transaction open for the round, or a MySQL named lock, each on
+// a connection of its own, so the lock cannot outlive the round, even
+// behind a transaction-pooling proxy or when the process is killed); the
+// others skip the round, saying who holds the lock and since when. On a
 // partitioned PostgreSQL table (sqlinbox.Config.Partitioning) the purge
 // creates partitions ahead of time and drops whole expired partitions.
 // Before its first delete a purger checks that the table's times compare
@@ -79,7 +82,9 @@ const (
 // ErrSkipped is returned by PurgeOnce and DryRun when another purge of the
 // same table holds the purge lock (in this or another process). Nothing was
 // done, and nothing needs doing: that purge is doing the work. Run and
-// the inbox command (inbox purge) treat it as success.
+// the inbox command (inbox purge) treat it as success. The error returned
+// wraps it with the lock's holder and, where the database tells, how long
+// it has held the lock.
 //
 // Test for it with errors.Is. Its type also has a method Skipped() bool
 // that returns true, for code that must not import this package (and the
@@ -167,9 +172,10 @@ type Config struct {
 	PartitionsAhead int
 
 	// LockTimeout bounds the wait for the table lock when creating or
-	// dropping a partition; a partition that times out is retried next
-	// round. At most 2,147,483,647 ms (PostgreSQL's lock_timeout).
-	// Defaults to DefaultLockTimeout.
+	// dropping a partition; a partition that times out is logged and
+	// retried next round, without failing this one. At most
+	// 2,147,483,647 ms (PostgreSQL's lock_timeout). Defaults to
+	// DefaultLockTimeout.
 	LockTimeout time.Duration
 
 	// OnRound, when set, is called after every round, Run's included, with
@@ -340,17 +346,17 @@ func (p *Purger) PurgeOnce(ctx context.Context) (int64, error) {
 
 func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 	if !p.running.TryLock() {
-		p.logSkipped()
+		p.logSkipped(nil)
 		return 0, ErrSkipped
 	}
 	defer p.running.Unlock()
-	sess, ok, err := p.store.BeginPurge(ctx)
+	sess, busy, err := p.store.BeginPurge(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("purge: %w", err)
 	}
-	if !ok {
-		p.logSkipped()
-		return 0, ErrSkipped
+	if busy != nil {
+		p.logSkipped(busy)
+		return 0, skipped(busy)
 	}
 	defer sess.Close() //nolint:errcheck // Close discards the connection when the unlock fails
 	if err := p.checkTable(ctx, sess); err != nil {
@@ -409,8 +415,26 @@ func (p *Purger) checkTable(ctx context.Context, sess maintenance.PurgeSession) 
 	return nil
 }
 
-func (p *Purger) logSkipped() {
-	p.config.Logger.Info("Inbox purge skipped: another purge of this table is running", watermill.LogFields{"table": p.store.Table()})
+// logSkipped logs a skipped round, with what the database tells of the
+// round holding the lock (busy is nil for a round of this Purger).
+func (p *Purger) logSkipped(busy *maintenance.Busy) {
+	fields := watermill.LogFields{"table": p.store.Table()}
+	if busy != nil {
+		if busy.Known {
+			fields["held_for"] = busy.HeldFor.Round(time.Second).String()
+		}
+		if busy.Holder != "" {
+			fields["holder"] = busy.Holder
+		}
+	}
+	p.config.Logger.Info("Inbox purge skipped: another purge of this table is running", fields)
+}
+
+// skipped is ErrSkipped saying who holds the lock and, where the database
+// tells, for how long: a lock held for hours is a round stuck, not one
+// under way.
+func skipped(busy *maintenance.Busy) error {
+	return fmt.Errorf("%w: %s", ErrSkipped, busy)
 }
 
 // round accumulates what one PurgeOnce did, for its log line.
@@ -473,11 +497,14 @@ func (p *Purger) pause(ctx context.Context) error {
 // partitions keeps the coming partitions ready and drops the expired ones.
 // A failure is reported, but the row deletes of the round still run.
 func (p *Purger) partitions(ctx context.Context, sess maintenance.PurgeSession, r *round) error {
-	created, blocked, err := sess.CreatePartitions(ctx, p.config.PartitionsAhead, p.config.LockTimeout)
-	for _, part := range created {
+	parts, err := sess.CreatePartitions(ctx, p.config.PartitionsAhead, p.config.LockTimeout)
+	for _, part := range parts.Created {
 		r.created = append(r.created, part.Name)
 	}
-	p.reportBlocked(blocked, err == nil)
+	p.reportBlocked(parts.Blocked, err == nil)
+	for _, part := range parts.TimedOut {
+		p.logLockTimeout("Inbox partition not created", part)
+	}
 	if err != nil {
 		err = fmt.Errorf("purge: %w", err)
 	}
@@ -531,7 +558,12 @@ func (p *Purger) dropExpired(ctx context.Context, sess maintenance.PurgeSession,
 			return fmt.Errorf("purge: %w", err)
 		}
 		start := time.Now()
-		if err := sess.DropPartition(ctx, part, p.config.LockTimeout); err != nil {
+		err = sess.DropPartition(ctx, part, p.config.LockTimeout)
+		if errors.Is(err, maintenance.ErrLockTimeout) {
+			p.logLockTimeout("Inbox partition not dropped", part)
+			continue
+		}
+		if err != nil {
 			return fmt.Errorf("purge: %w", err)
 		}
 		var rows int64
@@ -548,6 +580,14 @@ func (p *Purger) dropExpired(ctx context.Context, sess maintenance.PurgeSession,
 	return nil
 }
 
+// logLockTimeout logs partition DDL that gave up waiting for the table
+// lock: not a failed round, the next one tries again.
+func (p *Purger) logLockTimeout(what string, part maintenance.Partition) {
+	p.config.Logger.Info(what+": the table lock was not granted within LockTimeout (a long transaction holds the table); the next round tries again", watermill.LogFields{
+		"table": p.store.Table(), "partition": part.Name, "lock_timeout": p.config.LockTimeout.String(),
+	})
+}
+
 // DryRun returns, per consumer, how many rows PurgeOnce would remove now,
 // and removes nothing. It takes the purge lock like a round, so it returns
 // ErrSkipped while another purge runs.
@@ -556,12 +596,12 @@ func (p *Purger) DryRun(ctx context.Context) (map[string]int64, error) {
 		return nil, ErrSkipped
 	}
 	defer p.running.Unlock()
-	sess, ok, err := p.store.BeginPurge(ctx)
+	sess, busy, err := p.store.BeginPurge(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("purge: %w", err)
 	}
-	if !ok {
-		return nil, ErrSkipped
+	if busy != nil {
+		return nil, skipped(busy)
 	}
 	defer sess.Close() //nolint:errcheck // nothing was written
 	if err := p.checkTable(ctx, sess); err != nil {

@@ -26,6 +26,8 @@ func TestNewValidatesConfig(t *testing.T) {
 	require.ErrorContains(t, err, "Table")
 	_, err = sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, ClaimTimeout: -time.Second})
 	require.ErrorContains(t, err, "ClaimTimeout")
+	_, err = sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.MySQL, TransactionPooling: true})
+	require.ErrorContains(t, err, "TransactionPooling is for PostgreSQL")
 
 	s, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL})
 	require.NoError(t, err, "New must not touch the database")

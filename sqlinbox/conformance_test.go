@@ -21,6 +21,8 @@ func TestConformance(t *testing.T) {
 		postgresTarget("PostgreSQL/pgx-stdlib", "pgx"),
 		partitioned(postgresTarget("PostgreSQL/daily-partitions", "pgx"), sqlinbox.Daily),
 		eventIDTime(postgresTarget("PostgreSQL/event-time-partitions", "postgres")),
+		pooled(postgresTarget("PostgreSQL/pgbouncer/lib-pq", "postgres"), "postgres"),
+		pooled(partitioned(postgresTarget("PostgreSQL/pgbouncer/pgx-stdlib/daily-partitions", "pgx"), sqlinbox.Daily), "pgx"),
 		{
 			Name:             "MySQL/go-sql-driver",
 			Dialect:          sqlinbox.MySQL,
@@ -54,6 +56,15 @@ func postgresTarget(name, driver string) conformance.Target {
 		FailedStatementAbortsTx: true,
 		ClaimTimeout:            true,
 	}
+}
+
+// pooled reaches the target's PostgreSQL through PgBouncer in transaction
+// pooling mode with driver, and the DSN settings and the Config
+// docs/poolers.md give.
+func pooled(target conformance.Target, driver string) conformance.Target {
+	target.Open = func(t testing.TB) *sql.DB { return testdb.PgBouncer(t, driver) }
+	target.TransactionPooling = true
+	return target
 }
 
 func partitioned(target conformance.Target, mode sqlinbox.Partitioning) conformance.Target {

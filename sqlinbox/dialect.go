@@ -32,13 +32,17 @@ type Dialect interface {
 type queries struct {
 	// schema is the DDL, run in order by CreateSchema.
 	schema []string
-	// schemaInTx runs schema inside one transaction (PostgreSQL: DDL is
-	// transactional, and a lock serialises concurrent CreateSchema calls).
+	// schemaInTx runs schema inside one transaction.
 	schemaInTx bool
-	// schemaLock, when set, runs first in that transaction to serialise
-	// concurrent CreateSchema calls. SchemaSQL leaves it out: a migration
-	// tool runs the script once.
-	schemaLock string
+	// schemaObjects, when set, names the relation each statement of schema
+	// creates, and CreateSchema runs only the statements whose relation is
+	// missing, in one transaction that first takes the schema lock, under a
+	// lock timeout (PostgreSQL: even CREATE INDEX IF NOT EXISTS first takes
+	// a lock that waits for every transaction writing to the table, and
+	// claims queue behind that wait). partitionsStep marks the DO block
+	// creating the coming time partitions: CreateSchema makes them one by
+	// one instead, each under a lock timeout, as the purge does.
+	schemaObjects []tableName
 	// claim inserts (consumer, event_id) and affects one row when the pair is
 	// new, zero when it already exists; it must never fail on a conflict.
 	claim string

@@ -1,6 +1,7 @@
 package sqlinbox
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -38,14 +39,13 @@ func (postgresql) queries(t tableName, c Config) queries {
 		return q
 	}
 	q := queries{
-		schemaInTx: true,
-		schemaLock: pgSchemaLock(t),
 		schema: []string{
 			pgCreateTable(table, idType, fpCol, "consumer, event_id", ""),
 			// The purge deletes by age; without this index each batch would
 			// scan the table.
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
 		},
+		schemaObjects: []tableName{t, t.derived("processed_at_idx")},
 	}
 	q.claim, q.afterClaim = pgInsertClaim(c, table, cols, "$1::text, $2::"+idType+fpVal)
 	if c.Fingerprints {
@@ -104,9 +104,15 @@ func (postgresql) classify(err error) error {
 		return fmt.Errorf("%w: %w", inbox.ErrInFlight, err)
 	case "42P01": // undefined_table
 		return fmt.Errorf("inbox table does not exist, run Store.CreateSchema or apply Store.SchemaSQL: %w", err)
+	case "26000", "42P05": // a prepared statement missing, or there already
+		return fmt.Errorf("%w: %w", errPooler, err)
 	}
 	return err
 }
+
+// errPooler explains a prepared statement PostgreSQL lost between two
+// statements of one client connection.
+var errPooler = errors.New("a transaction-pooling proxy (PgBouncer pool_mode=transaction before 1.21) gave this connection another server connection between two statements: set sqlinbox.Config.TransactionPooling, and in the DSN binary_parameters=yes with lib/pq or default_query_exec_mode=exec with pgx (see docs/poolers.md)")
 
 func quoteName(name string, q byte) string { return string(q) + name + string(q) }
 

@@ -36,13 +36,13 @@ func (m maintainer) Limits() maintenance.Limits {
 	return maintenance.Limits{}
 }
 
-func (m maintainer) BeginPurge(ctx context.Context) (maintenance.PurgeSession, bool, error) {
-	sess, ok, err := m.s.beginPurge(ctx)
-	if !ok {
+func (m maintainer) BeginPurge(ctx context.Context) (maintenance.PurgeSession, *maintenance.Busy, error) {
+	sess, busy, err := m.s.beginPurge(ctx)
+	if sess == nil {
 		// Not sess: a nil *purgeSession in the interface is not nil.
-		return nil, false, err
+		return nil, busy, err
 	}
-	return sess, true, nil
+	return sess, nil, nil
 }
 
 func (m maintainer) ClaimSQL() maintenance.ClaimSQL {

@@ -28,15 +28,14 @@ func idTimeQueries(t tableName, c Config, idType, fpCol string) queries {
 	}
 	def := t.derived(defaultPartitionSuffix)
 	q := queries{
-		schemaInTx: true,
-		schemaLock: pgSchemaLock(t),
 		schema: []string{
 			pgCreateTable(table, idType, "\n\tevent_time   timestamptz NOT NULL,"+fpCol, "consumer, event_time, event_id", " PARTITION BY RANGE (event_time)"),
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s DEFAULT`, def.quoted('"'), table),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (event_time)`, quoteName(def.derived("event_time_idx").name, '"'), def.quoted('"')),
 			pgCreatePartitions(t, c),
 		},
-		idTime: true,
+		schemaObjects: []tableName{t, def, def.derived("event_time_idx"), partitionsStep},
+		idTime:        true,
 		// A loose index scan: each consumer found by one probe of the key
 		// (per partition), then its oldest event_time by one more.
 		oldest: fmt.Sprintf(`WITH RECURSIVE c(consumer) AS (

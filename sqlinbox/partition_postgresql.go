@@ -138,14 +138,13 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 	}
 	lock = fmt.Sprintf(`WITH l AS (%s) SELECT current_setting('transaction_isolation') FROM l`, lock)
 	q := queries{
-		schemaInTx: true,
-		schemaLock: pgSchemaLock(t),
 		schema: []string{
 			pgCreateTable(table, idType, fpCol, "consumer, event_id, processed_at", " PARTITION BY RANGE (processed_at)"),
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s DEFAULT`, t.derived(defaultPartitionSuffix).quoted('"'), table),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, quoteName(t.derived("processed_at_idx").name, '"'), table),
 			pgCreatePartitions(t, c),
 		},
+		schemaObjects: []tableName{t, t.derived(defaultPartitionSuffix), t.derived("processed_at_idx"), partitionsStep},
 		// The primary key's (consumer, event_id) prefix makes the lookup
 		// one index probe per partition. ON CONFLICT DO NOTHING still
 		// guards the same-microsecond case the key does see.
@@ -202,7 +201,7 @@ func checkLayout(ctx context.Context, db rowQuerier, t tableName, c Config) erro
 		return nil // no table yet: preparing the claim reports it
 	}
 	if err != nil {
-		return fmt.Errorf("sqlinbox: checking the layout of %s: %w", t, err)
+		return fmt.Errorf("sqlinbox: checking the layout of %s: %w", t, PostgreSQL.classify(err))
 	}
 	partitioned := kind.String == "p"
 	if partitioned != (c.Partitioning != NoPartitioning) {
@@ -308,31 +307,76 @@ func covered(existing []maintenance.Partition, part maintenance.Partition) bool 
 }
 
 // CreatePartitions implements maintenance.PurgeSession.
-func (p *purgeSession) CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (created, blocked []maintenance.Partition, err error) {
-	existing, err := p.Partitions(ctx)
-	if err != nil {
-		return nil, nil, err
+func (p *purgeSession) CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (maintenance.Partitions, error) {
+	if err := p.partitioned(); err != nil {
+		return maintenance.Partitions{}, err
 	}
-	now, err := p.dbTime(ctx, 0)
-	if err != nil {
-		return nil, nil, err
+	if err := p.checkLock(ctx); err != nil {
+		return maintenance.Partitions{}, err
 	}
+	parts, err := makePartitions(ctx, p.conn, p.s.table, p.s.config, ahead, lockTimeout)
+	if err != nil {
+		err = p.fail(ctx, "creating partitions of", err)
+	}
+	return parts, err
+}
+
+// conner is a *sql.DB or a *sql.Conn.
+type conner interface {
+	queryer
+	rowQuerier
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// makePartitions creates the missing partitions of the current period (by
+// the database clock) and of the ahead next ones, for CreateSchema and the
+// purge alike. A period whose rows already went to the default partition is
+// found by an index probe of that partition and left alone: trying would
+// take the table's ACCESS EXCLUSIVE lock, queue every claim behind it, and
+// fail. Each partition is created in a transaction of its own, which first
+// takes the schema lock (so that instances creating the same partition take
+// turns instead of colliding in the catalog, and every DDL takes its locks
+// in one order: schema lock, then table) and then waits at most lockTimeout
+// for the table lock; a period that times out is left for the next call.
+func makePartitions(ctx context.Context, db conner, t tableName, c Config, ahead int, lockTimeout time.Duration) (maintenance.Partitions, error) {
+	var out maintenance.Partitions
+	existing, err := timePartitions(ctx, db, t)
+	if err != nil {
+		return out, err
+	}
+	now, err := pgNow(ctx, db, 0)
+	if err != nil {
+		return out, err
+	}
+	def, key := t.derived(defaultPartitionSuffix).quoted('"'), c.PartitionKey.column()
 	for i := range ahead + 1 {
-		part := partitionFor(p.s.table, p.s.config.Partitioning, now, i)
+		part := partitionFor(t, c.Partitioning, now, i)
 		if covered(existing, part) {
 			continue
 		}
-		switch err := p.ddl(ctx, createPartition(p.s.table, part), lockTimeout); pgCode(err) {
-		case "":
-			created = append(created, part)
-		case "23514": // check_violation: the default partition holds rows of this range
-			blocked = append(blocked, part)
-		case "42P07": // duplicate_table: another session created it meanwhile
+		var blocked bool
+		err := db.QueryRowContext(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE %s >= $1 AND %s < $2)`, def, key, key), part.From, part.To).Scan(&blocked)
+		if err != nil {
+			return out, err
+		}
+		if blocked {
+			out.Blocked = append(out.Blocked, part)
+			continue
+		}
+		err = pgDDL(ctx, db, t, createPartition(t, part), lockTimeout)
+		switch {
+		case err == nil:
+			out.Created = append(out.Created, part)
+		case errors.Is(err, maintenance.ErrLockTimeout):
+			out.TimedOut = append(out.TimedOut, part)
+		case pgCode(err) == "23514": // check_violation: rows of the range reached the default partition meanwhile
+			out.Blocked = append(out.Blocked, part)
+		case pgCode(err) == "42P07": // duplicate_table: made meanwhile, by a migration tool's script
 		default:
-			return created, blocked, p.fail(ctx, "creating partition "+part.Name+" of", err)
+			return out, fmt.Errorf("creating partition %s: %w", part.Name, err)
 		}
 	}
-	return created, blocked, nil
+	return out, nil
 }
 
 const pgTimestamp = "2006-01-02 15:04:05Z07:00"
@@ -379,7 +423,13 @@ func (p *purgeSession) MoveBlocked(ctx context.Context, part maintenance.Partiti
 	if _, ok := parsePartition(p.s.table, part.Name); !ok {
 		return 0, fmt.Errorf("sqlinbox: %q is not a time partition of %s", part.Name, p.s.table)
 	}
+	if err := p.checkLock(ctx); err != nil {
+		return 0, err
+	}
 	moved, err := p.moveBlocked(ctx, part, lockTimeout)
+	if err = pgDDLErr(err); errors.Is(err, maintenance.ErrLockTimeout) {
+		return 0, fmt.Errorf("sqlinbox: moving the default partition's rows into partition %s of %s: %w", part.Name, p.s.table, err)
+	}
 	if err != nil {
 		return 0, p.fail(ctx, "moving the default partition's rows into partition "+part.Name+" of", err)
 	}
@@ -393,8 +443,11 @@ func (p *purgeSession) moveBlocked(ctx context.Context, part maintenance.Partiti
 		return 0, err
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	ms := strconv.FormatInt(max(lockTimeout.Milliseconds(), 1), 10)
-	if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, ms); err != nil {
+	// The schema lock first, as every partition DDL takes it.
+	if _, err := tx.ExecContext(ctx, pgSchemaLock(p.s.table)); err != nil {
+		return 0, err
+	}
+	if err := pgSetLockTimeout(ctx, tx, lockTimeout); err != nil {
 		return 0, err
 	}
 	var cols string
@@ -452,8 +505,14 @@ func (p *purgeSession) DropPartition(ctx context.Context, part maintenance.Parti
 	if _, ok := parsePartition(p.s.table, part.Name); !ok {
 		return fmt.Errorf("sqlinbox: %q is not a time partition of %s", part.Name, p.s.table)
 	}
+	if err := p.checkLock(ctx); err != nil {
+		return err
+	}
 	stmt := `DROP TABLE IF EXISTS ` + tableName{schema: p.s.table.schema, name: part.Name}.quoted('"')
-	if err := p.ddl(ctx, stmt, lockTimeout); err != nil {
+	if err := pgDDL(ctx, p.conn, p.s.table, stmt, lockTimeout); err != nil {
+		if errors.Is(err, maintenance.ErrLockTimeout) {
+			return fmt.Errorf("sqlinbox: dropping partition %s of %s: %w", part.Name, p.s.table, err)
+		}
 		return p.fail(ctx, "dropping partition "+part.Name+" of", err)
 	}
 	return nil
@@ -471,32 +530,63 @@ func (p *purgeSession) CountPartition(ctx context.Context, part maintenance.Part
 	return scanCounts(rows)
 }
 
-// ddl runs one DDL statement in its own transaction with a lock timeout.
-func (p *purgeSession) ddl(ctx context.Context, stmt string, lockTimeout time.Duration) error {
-	tx, err := p.conn.BeginTx(ctx, nil)
+// pgDDL runs one DDL statement on table t in a transaction of its own: the
+// schema lock first, without a timeout (its holders wait at most
+// lockTimeout for their own table locks), then at most lockTimeout for the
+// statement's table locks, claims queueing behind that wait. A lock
+// timeout wraps maintenance.ErrLockTimeout.
+func pgDDL(ctx context.Context, db conner, t tableName, stmt string, lockTimeout time.Duration) error {
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	if lockTimeout > 0 {
-		ms := strconv.FormatInt(max(lockTimeout.Milliseconds(), 1), 10)
-		if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, ms); err != nil {
-			return err
-		}
+	if _, err := tx.ExecContext(ctx, pgSchemaLock(t)); err != nil {
+		return err
+	}
+	if err := pgSetLockTimeout(ctx, tx, lockTimeout); err != nil {
+		return err
 	}
 	if _, err := tx.ExecContext(ctx, stmt); err != nil {
-		return err
+		return pgDDLErr(err)
 	}
 	return tx.Commit()
 }
 
-// dbTime returns the database clock minus ago, in UTC.
-func (p *purgeSession) dbTime(ctx context.Context, ago time.Duration) (time.Time, error) {
+// pgSetLockTimeout sets lock_timeout for the rest of tx (0: none).
+func pgSetLockTimeout(ctx context.Context, tx *sql.Tx, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(d.Milliseconds(), 1), 10))
+	return err
+}
+
+// pgDDLErr marks a DDL statement's lock timeout: the table lock, not an
+// event in flight (which is what classify makes of a claim's).
+func pgDDLErr(err error) error {
+	if pgCode(err) == "55P03" {
+		return fmt.Errorf("%w: %w", maintenance.ErrLockTimeout, err)
+	}
+	return err
+}
+
+// pgNow returns the database clock minus ago, in UTC.
+func pgNow(ctx context.Context, db rowQuerier, ago time.Duration) (time.Time, error) {
 	var at time.Time
-	if err := p.conn.QueryRowContext(ctx, `SELECT now() - $1::float8 * interval '1 microsecond'`, ago.Microseconds()).Scan(&at); err != nil {
-		return time.Time{}, p.fail(ctx, "reading the clock of", err)
+	if err := db.QueryRowContext(ctx, `SELECT now() - $1::float8 * interval '1 microsecond'`, ago.Microseconds()).Scan(&at); err != nil {
+		return time.Time{}, err
 	}
 	return at.UTC(), nil
+}
+
+// dbTime returns the database clock minus ago, in UTC.
+func (p *purgeSession) dbTime(ctx context.Context, ago time.Duration) (time.Time, error) {
+	at, err := pgNow(ctx, p.conn, ago)
+	if err != nil {
+		return time.Time{}, p.fail(ctx, "reading the clock of", err)
+	}
+	return at, nil
 }
 
 // SchemaPartitionsAhead is how many partitions after the current period's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -15,6 +16,10 @@ import (
 // so a dialect without it still stores claims.
 type purgeDialect interface {
 	purgeQueries(t tableName, c Config) purgeQueries
+	// lockPurge takes t's one-purger lock without waiting. It returns the
+	// lock, or who holds it; neither where the database needs no lock
+	// (SQLite serialises writers itself).
+	lockPurge(ctx context.Context, db *sql.DB, t tableName) (purgeLock, *maintenance.Busy, error)
 	// statementTimedOut reports whether err is the database cancelling a
 	// statement for running past its timeout.
 	statementTimedOut(err error) bool
@@ -26,13 +31,6 @@ type purgeDialect interface {
 // retention in microseconds, then the consumer or the excluded consumers,
 // then the batch size.
 type purgeQueries struct {
-	// tryLock takes the table's session-level purge lock without waiting
-	// and returns one row: the lock's key, and 1 when taken; "" when the
-	// database needs no lock (SQLite serialises writers itself). unlock
-	// releases it, with that key as its only argument: the key is the
-	// table's identity, resolved once, so the lock taken is the lock
-	// released even if the table is recreated meanwhile.
-	tryLock, unlock string
 	// setTimeout bounds the statements that follow in the batch's
 	// transaction; its argument is milliseconds as text. "" when the
 	// timeout is part of deleteBatch's text instead.
@@ -106,76 +104,107 @@ func (s scopeShape) params() int {
 	return s.except
 }
 
-// purgeSession implements maintenance.PurgeSession on a dedicated
-// connection, which holds the table's purge lock where the database needs
-// one.
+// purgeLock is a table's one-purger lock, held for one round on a
+// connection of its own, never the one that runs the round's statements:
+// a client killed mid-batch then leaves an idle lock connection, whose
+// session the server ends (and the lock with it) as soon as the client's
+// socket closes, instead of a session that holds the lock until its
+// statement finishes.
+type purgeLock interface {
+	// check fails when the lock is no longer held (its connection ended),
+	// so that the round stops rather than run beside another; conn is the
+	// round's connection.
+	check(ctx context.Context, conn *sql.Conn) error
+	// release gives the lock up and its connection back.
+	release() error
+}
+
+// purgeSession implements maintenance.PurgeSession: the round's statements
+// on a dedicated connection, the table's purge lock (where the database
+// needs one) on another.
 type purgeSession struct {
 	s    *Store
 	pd   purgeDialect
 	q    purgeQueries
 	conn *sql.Conn
-	key  string
-	held bool
+	lock purgeLock
 }
 
 var _ maintenance.PurgeSession = (*purgeSession)(nil)
 
 // beginPurge implements maintenance.Store.BeginPurge.
-func (s *Store) beginPurge(ctx context.Context) (*purgeSession, bool, error) {
+func (s *Store) beginPurge(ctx context.Context) (*purgeSession, *maintenance.Busy, error) {
 	pd, ok := s.dialect.(purgeDialect)
 	if !ok {
-		return nil, false, fmt.Errorf("sqlinbox: the %s dialect has no purge", s.dialect)
+		return nil, nil, fmt.Errorf("sqlinbox: the %s dialect has no purge", s.dialect)
 	}
-	conn, err := s.db.Conn(ctx)
+	// The lock's connection and the round's: with one connection in the
+	// pool the round would wait for the second forever.
+	if n := s.db.Stats().MaxOpenConnections; n == 1 && s.dialect != SQLite {
+		return nil, nil, fmt.Errorf("sqlinbox: purge of %s: a round holds two connections (the purge lock's and its statements'), and the *sql.DB allows one (SetMaxOpenConns): give the purge a pool of at least two", s.table)
+	}
+	lock, busy, err := pd.lockPurge(ctx, s.db, s.table)
 	if err != nil {
-		return nil, false, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
+		return nil, nil, fmt.Errorf("sqlinbox: taking the purge lock of %s: %w", s.table, s.dialect.classify(err))
 	}
-	p := &purgeSession{s: s, pd: pd, q: pd.purgeQueries(s.table, s.config), conn: conn}
+	if busy != nil {
+		return nil, busy, nil
+	}
+	p := &purgeSession{s: s, pd: pd, q: pd.purgeQueries(s.table, s.config), lock: lock}
+	if p.conn, err = s.db.Conn(ctx); err != nil {
+		_ = p.Close()
+		return nil, nil, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
+	}
 	if p.q.adapt != nil {
-		if err := p.q.adapt(ctx, conn, &p.q); err != nil {
-			_ = conn.Close()
-			return nil, false, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
+		if err := p.q.adapt(ctx, p.conn, &p.q); err != nil {
+			_ = p.Close()
+			return nil, nil, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
 		}
 	}
-	if p.q.tryLock == "" {
-		return p, true, nil
-	}
-	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, p.q.tryLock).Scan(&p.key, &got); err != nil {
-		_ = conn.Close()
-		return nil, false, fmt.Errorf("sqlinbox: taking the purge lock of %s: %w", s.table, s.dialect.classify(err))
-	}
-	if got.Int64 != 1 {
-		_ = conn.Close()
-		return nil, false, nil
-	}
-	p.held = true
-	return p, true, nil
+	return p, nil, nil
 }
 
-// Close releases the purge lock and the connection. If the lock cannot be
-// released, the connection is discarded rather than returned to the pool,
-// which ends the database session and the lock with it.
+// Close releases the purge lock and the connections.
 func (p *purgeSession) Close() error {
-	if p.held {
-		p.held = false
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := p.conn.ExecContext(ctx, p.q.unlock, p.key); err != nil {
-			// driver.ErrBadConn from Raw makes database/sql close the
-			// connection instead of pooling it.
-			_ = p.conn.Raw(func(any) error { return driver.ErrBadConn })
-			_ = p.conn.Close()
-			return fmt.Errorf("sqlinbox: releasing the purge lock of %s: %w", p.s.table, err)
+	var errs []error
+	if p.lock != nil {
+		if err := p.lock.release(); err != nil {
+			errs = append(errs, fmt.Errorf("sqlinbox: releasing the purge lock of %s: %w", p.s.table, err))
 		}
+		p.lock = nil
 	}
-	return p.conn.Close()
+	if p.conn != nil {
+		errs = append(errs, p.conn.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// checkLock fails when the session lost its purge lock.
+func (p *purgeSession) checkLock(ctx context.Context) error {
+	if p.lock == nil {
+		return nil
+	}
+	if err := p.lock.check(ctx, p.conn); err != nil {
+		return fmt.Errorf("sqlinbox: purge of %s: lost the purge lock, so another purge may run; stopping the round: %w", p.s.table, err)
+	}
+	return nil
+}
+
+// discard closes conn, ending its database session (and any lock it
+// holds), instead of returning it to the pool: driver.ErrBadConn from Raw
+// makes database/sql drop the connection.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
 }
 
 // DeleteBatch implements maintenance.PurgeSession.
 func (p *purgeSession) DeleteBatch(ctx context.Context, scope maintenance.PurgeScope, limit int, timeout time.Duration) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("sqlinbox: purge batch size must be positive, got %d", limit)
+	}
+	if err := p.checkLock(ctx); err != nil {
+		return 0, err
 	}
 	attempt := func() (int64, error) { return p.deleteBatch(ctx, scope, limit, timeout) }
 	if p.q.waitForBatch != nil {

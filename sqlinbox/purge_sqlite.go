@@ -81,6 +81,12 @@ func sqlitePollWriteLock(ctx context.Context, conn *sql.Conn, attempt func() (in
 	}
 }
 
+// lockPurge takes no lock: SQLite lets one writer at a time, so concurrent
+// purges take turns batch by batch and never delete a row twice.
+func (sqlite) lockPurge(context.Context, *sql.DB, tableName) (purgeLock, *maintenance.Busy, error) {
+	return nil, nil, nil
+}
+
 // purgeLimits has no limit: SQLite has no statement timeout (its busy
 // timeout is the DSN's) and no partitions. It has one writer.
 func (sqlite) purgeLimits() maintenance.Limits { return maintenance.Limits{OneWriter: true} }

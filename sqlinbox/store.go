@@ -21,6 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/errtext"
 )
@@ -86,6 +88,31 @@ type Config struct {
 	// claimed before have no fingerprint and never count as a reused id.
 	// Defaults to false: the claim writes two columns, as it always did.
 	Fingerprints bool
+
+	// TransactionPooling declares that the store reaches PostgreSQL through
+	// a proxy that pools server connections per transaction (PgBouncer's
+	// pool_mode = transaction before 1.21, or without
+	// max_prepared_statements; Supavisor, RDS Proxy, CloudNativePG's
+	// Pooler in transaction mode): the claim is then never prepared, since
+	// a prepared statement lives on one server connection and the next
+	// transaction may get another. The DSN needs settings of its own
+	// (lib/pq binary_parameters=yes; pgx default_query_exec_mode=exec):
+	// see docs/poolers.md. PostgreSQL only.
+	//
+	// Defaults to false: the claim is prepared once per connection, which
+	// saves lib/pq a round trip per message. A store that then finds its
+	// prepared claim lost (SQLSTATE 26000 or 42P05, which only such a
+	// proxy causes) claims unprepared from then on, saying so once through
+	// Logger, and retries that claim, losing nothing; until then, lib/pq's
+	// numbered statement names can make a claim run another program's
+	// statement of the same number, so set it behind a proxy.
+	TransactionPooling bool
+
+	// Logger receives what the store does on its own: partitions
+	// CreateSchema leaves to the purge, and a store that finds itself
+	// behind a transaction-pooling proxy (see TransactionPooling).
+	// Defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
 }
 
 // Store records inbox claims in one table. It implements inbox.Store. It does
@@ -97,8 +124,12 @@ type Store struct {
 	config  Config
 	q       queries
 
-	mu       sync.Mutex // serialises preparing claimSQL
+	mu       sync.Mutex // serialises preparing claimSQL and the layout check
 	claimSQL atomic.Pointer[sql.Stmt]
+	verified atomic.Bool // set by the first claim that succeeds
+	// unprepared sends the claim as a plain statement: under
+	// Config.TransactionPooling, or once a pooler lost the prepared one.
+	unprepared atomic.Bool
 }
 
 var (
@@ -134,6 +165,12 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	if limit, setting := config.Dialect.claimTimeoutLimit(); limit > 0 && config.ClaimTimeout > limit {
 		return nil, fmt.Errorf("sqlinbox: invalid config: ClaimTimeout %s is above %s, the longest %s takes", config.ClaimTimeout, limit, setting)
 	}
+	if config.TransactionPooling && config.Dialect != PostgreSQL {
+		return nil, fmt.Errorf("sqlinbox: invalid config: TransactionPooling is for PostgreSQL behind a transaction-pooling proxy, not %s", config.Dialect)
+	}
+	if config.Logger == nil {
+		config.Logger = watermill.NopLogger{}
+	}
 	if err := checkPartitioning(config); err != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
@@ -146,13 +183,18 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	}
 	q.registry = config.Dialect.registry(t)
 	q.schema = append(q.schema, q.registry.create)
-	return &Store{
+	if q.schemaObjects != nil {
+		q.schemaObjects = append(q.schemaObjects, t.derived(registrySuffix))
+	}
+	s := &Store{
 		db:      db,
 		dialect: config.Dialect,
 		table:   t,
 		config:  config,
 		q:       q,
-	}, nil
+	}
+	s.unprepared.Store(config.TransactionPooling)
+	return s, nil
 }
 
 // ClaimPool implements [inbox.ClaimPool]: db, its SetMaxOpenConns limit
@@ -204,10 +246,22 @@ func (s *Store) SchemaStatements() []string { return slices.Clone(s.q.schema) }
 func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
 
 // CreateSchema creates the inbox table, its index and the consumer registry
-// (RegistryTable) if they do not exist. It is safe to call on every start,
-// from several instances at once, and adds the registry beside a table an
-// earlier release created.
+// (RegistryTable) if they do not exist, and on a partitioned table the
+// partitions of the current period and the SchemaPartitionsAhead next ones.
+// It is safe to call on every start, from several instances at once, while
+// others claim and purge, and adds the registry beside a table an earlier
+// release created.
+//
+// On PostgreSQL it runs only the DDL of what is missing, and no statement
+// waits longer than SchemaLockTimeout for a table lock, so claims never
+// queue behind it for longer: a partition it cannot create in time, or
+// whose period's rows already went to the default partition, is left to
+// the purge and logged through Config.Logger; the index of an existing
+// table that lacks it fails with an error wrapping ErrLockTimeout.
 func (s *Store) CreateSchema(ctx context.Context) error {
+	if s.q.schemaObjects != nil {
+		return s.createSchemaPostgres(ctx)
+	}
 	if !s.q.schemaInTx {
 		for _, stmt := range s.q.schema {
 			if _, err := s.db.ExecContext(ctx, stmt); err != nil {
@@ -221,11 +275,7 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	stmts := s.q.schema
-	if s.q.schemaLock != "" {
-		stmts = append([]string{s.q.schemaLock}, stmts...)
-	}
-	for _, stmt := range stmts {
+	for _, stmt := range s.q.schema {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 		}
@@ -238,7 +288,9 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 
 // Claim implements [inbox.Store]: BEGIN, then the claim as the
 // transaction's first statement. The claim is a prepared statement, so after
-// the first use on a connection it costs one round trip on every driver.
+// the first use on a connection it costs one round trip on every driver;
+// under Config.TransactionPooling it is sent unprepared (one round trip with
+// the DSN settings that setting needs).
 //
 // For a duplicate with a fingerprint it reads the original's in the claim's
 // transaction, which by then sees the committed row the claim found (a
@@ -251,15 +303,42 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 			return nil, nil, err
 		}
 	}
-	stmt, err := s.claimStmt(ctx)
-	if err != nil {
-		return nil, nil, err
+	if !s.verified.Load() {
+		if err := s.verify(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
+	var stmt *sql.Stmt
+	if !s.unprepared.Load() {
+		var err error
+		switch stmt, err = s.claimStmt(ctx); {
+		case lostPrepared(err):
+			s.claimUnprepared(err)
+			stmt = nil
+		case err != nil:
+			return nil, nil, err
+		default: // the table exists, and was checked
+			s.verified.Store(true)
+		}
 	}
 	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, nil, s.dialect.classify(err)
 	}
 	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID, fingerprint)
+	if stmt != nil && lostPrepared(err) {
+		// The statement failed before it ran: nothing was claimed, and
+		// the same claim, unprepared, in a new transaction, is the first.
+		_ = tx.Rollback()
+		s.claimUnprepared(err)
+		if tx, err = s.db.BeginTx(ctx, opts); err != nil {
+			return nil, nil, s.dialect.classify(err)
+		}
+		claimed, err = s.claim(ctx, tx, nil, consumer, eventID, fingerprint)
+	}
+	if err == nil && !s.verified.Load() {
+		s.verified.Store(true)
+	}
 	if err == nil && claimed {
 		return inbox.SQLTx{Tx: tx}, nil, nil
 	}
@@ -303,8 +382,9 @@ func (s *Store) CheckFingerprints() error {
 	return nil
 }
 
-// claim runs the claim statement; fingerprint is its third parameter when
-// Config.Fingerprints is set (nil stores NULL).
+// claim runs the claim statement, prepared as stmt or, when stmt is nil,
+// unprepared; fingerprint is its third parameter when Config.Fingerprints
+// is set (nil stores NULL).
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string, fingerprint []byte) (bool, error) {
 	if s.q.beforeClaim != "" {
 		var result string
@@ -319,15 +399,20 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 		res sql.Result
 		err error
 	)
-	if !s.q.idTime && !s.config.Fingerprints {
+	switch {
+	case stmt != nil && !s.q.idTime && !s.config.Fingerprints:
 		// The common case without building a slice: one allocation less.
 		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, consumer, eventID)
-	} else {
+	default:
 		var args []any
 		if args, err = s.claimArgs(consumer, eventID, fingerprint); err != nil {
 			return false, err
 		}
-		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
+		if stmt != nil {
+			res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
+		} else {
+			res, err = tx.ExecContext(ctx, unpreparedClaim+s.q.claim, args...)
+		}
 	}
 	if err != nil {
 		return false, s.dialect.classify(err)
@@ -366,6 +451,26 @@ func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, 
 	return args, nil
 }
 
+// verify runs the dialect's check of the table until a claim succeeds, so
+// that a store created before its table checks the table once it exists.
+func (s *Store) verify(ctx context.Context) error {
+	if s.q.verify == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.verified.Load() {
+		return nil
+	}
+	if err := s.q.verify(ctx, s.db, s.q); err != nil {
+		if mismatch := s.dialectErr(err); mismatch != err {
+			return fmt.Errorf("sqlinbox: %w", mismatch)
+		}
+		return err
+	}
+	return nil
+}
+
 // claimStmt prepares the claim once per Store (database/sql then prepares it
 // once per connection). A failure is not cached: the next message retries,
 // so a store created before its table works once the table exists.
@@ -378,20 +483,45 @@ func (s *Store) claimStmt(ctx context.Context) (*sql.Stmt, error) {
 	if stmt := s.claimSQL.Load(); stmt != nil {
 		return stmt, nil
 	}
-	if s.q.verify != nil {
-		if err := s.q.verify(ctx, s.db, s.q); err != nil {
-			if mismatch := s.dialectErr(err); mismatch != err {
-				return nil, fmt.Errorf("sqlinbox: %w", mismatch)
-			}
-			return nil, err
-		}
-	}
 	stmt, err := s.db.PrepareContext(ctx, s.q.claim)
 	if err != nil {
-		return nil, fmt.Errorf("sqlinbox: preparing the claim on %s (did CreateSchema run?): %w", s.table, s.dialectErr(s.dialect.classify(err)))
+		return nil, fmt.Errorf("sqlinbox: preparing the claim on %s: %w", s.table, s.dialectErr(s.dialect.classify(err)))
 	}
 	s.claimSQL.Store(stmt)
 	return stmt, nil
+}
+
+// unpreparedClaim starts the text of the claim sent unprepared. pgx's
+// database/sql driver names a statement prepared through it by its text,
+// and runs any later statement of the same text on that connection through
+// it: after a switch to unprepared claims, the claim's text must differ
+// from the one prepared before.
+const unpreparedClaim = "/* unprepared */ "
+
+// lostPrepared reports whether err is PostgreSQL not finding a prepared
+// statement on the connection that prepared it, or finding one of the same
+// name there already: both mean that a proxy gave this client another
+// server connection than the one the statement lives on (a
+// transaction-pooling proxy), not a problem of the table.
+func lostPrepared(err error) bool {
+	switch pgCode(err) {
+	case "26000", // invalid_sql_statement_name
+		"42P05": // duplicate_prepared_statement
+		return true
+	}
+	return false
+}
+
+// claimUnprepared switches the store to unprepared claims for good, after
+// a transaction-pooling proxy lost its prepared claim (err), and says so
+// once.
+func (s *Store) claimUnprepared(err error) {
+	if !s.unprepared.CompareAndSwap(false, true) {
+		return
+	}
+	// The prepared statement stays open (Close closes it) for claims
+	// already using it: they fail the same way and switch too.
+	s.config.Logger.Error("Inbox: the prepared claim was lost between server connections, so a transaction-pooling proxy (PgBouncer pool_mode=transaction) stands between this store and PostgreSQL; claiming unprepared from now on. Set sqlinbox.Config.TransactionPooling to start so: until a store notices, a numbered prepared statement can reach a connection where another program's statement holds that number", err, watermill.LogFields{"table": s.table.String()})
 }
 
 // Close releases the prepared claim statement. The Store can still be used

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
 	"github.com/watermill-inbox/inbox/internal/maintenance"
@@ -104,7 +106,7 @@ func (d *database) store() (*sqlinbox.Store, *sql.DB, error) {
 			return nil, nil, usage("-dsn is not a %s connection string (is -dialect right?): %v", d.dialect, err)
 		}
 	}
-	db, err := sql.Open(driver, dsn)
+	db, err := open(driver, dsn)
 	if err != nil {
 		return nil, nil, usage("-dsn: %v", err)
 	}
@@ -118,6 +120,25 @@ func (d *database) store() (*sqlinbox.Store, *sql.DB, error) {
 		return nil, nil, usage("%v", err)
 	}
 	return store, db, nil
+}
+
+// open opens the database. On PostgreSQL, unless the DSN chooses pgx's
+// default_query_exec_mode itself, it uses exec: each statement in one
+// round trip without a named prepared statement, which works both directly
+// and behind a transaction-pooling proxy (PgBouncer pool_mode=transaction
+// before 1.21), where pgx's default statement cache fails with SQLSTATE
+// 26000 or 42P05. The command runs few statements: preparing them gains
+// nothing.
+func open(driver, dsn string) (*sql.DB, error) {
+	if driver != "pgx" || dsn == "" || strings.Contains(dsn, "default_query_exec_mode") {
+		return sql.Open(driver, dsn)
+	}
+	config, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	config.DefaultQueryExecMode = pgx.QueryExecModeExec
+	return stdlib.OpenDB(*config), nil
 }
 
 // connect returns the store on a database that answers. A SQLite file must

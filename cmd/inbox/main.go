@@ -20,7 +20,9 @@
 // Exit status, the same for every subcommand:
 //
 //	0  done; for check: every check passed; for purge: also when another
-//	   instance was already purging the table (it is doing the work)
+//	   instance was already purging the table (it is doing the work): the
+//	   purge's last line on stdout then starts with "skipped:" instead of
+//	   "removed", and says who holds the purge lock and for how long
 //	1  failed: a database error, a table that does not exist, an unknown
 //	   consumer; for check: a check failed
 //	2  invalid flags or input (nothing was done)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -24,6 +25,7 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	setUsage(fs, stderr,
 		"usage: inbox purge -dsn DSN -retention D [flags]",
 		"Exit status: 0 purged (or another instance is purging), 1 failed, 2 invalid flags, 3 cannot connect.",
+		`stdout's last line starts with "removed" when the round ran, "skipped:" when another instance holds the purge lock (with its holder and, where the database tells, for how long).`,
 	)
 	db := addDatabaseFlags(fs)
 	ret := addRetentionFlags(fs)
@@ -100,7 +102,7 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 		}
 		counts, err := p.DryRun(ctx)
 		if errors.Is(err, purge.ErrSkipped) {
-			fmt.Fprintf(stdout, "another purge of %s is running; skipped\n", store.Table())
+			printSkipped(stdout, store.Table(), err)
 			return nil
 		}
 		if err != nil {
@@ -128,7 +130,7 @@ func runPurge(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	n, err := p.PurgeOnce(ctx)
 	bar.finish()
 	if errors.Is(err, purge.ErrSkipped) {
-		fmt.Fprintf(stdout, "another purge of %s is running; skipped\n", store.Table())
+		printSkipped(stdout, store.Table(), err)
 		return nil
 	}
 	if err != nil {
@@ -158,4 +160,16 @@ func refuseZeros(fs *flag.FlagSet, reasons map[string]string) error {
 		}
 	})
 	return err
+}
+
+// printSkipped prints a round skipped because another instance holds the
+// purge lock, on a line of its own that starts with "skipped:" (a purged
+// round's starts with "removed"), with what the database tells of the
+// holder: a lock held for hours is a stuck round, not one under way.
+func printSkipped(stdout io.Writer, table string, err error) {
+	holder := strings.TrimPrefix(strings.TrimPrefix(err.Error(), purge.ErrSkipped.Error()), ": ")
+	if holder == "" {
+		holder = "another instance holds the purge lock"
+	}
+	fmt.Fprintf(stdout, "skipped: another purge of %s is running; %s\n", table, holder)
 }

@@ -293,6 +293,27 @@ func TestPurgeFlagValues(t *testing.T) {
 	require.Contains(t, out, "removed 45 rows")
 }
 
+// A round skipped because another instance holds the purge lock exits 0
+// (that instance is doing the work) and says so on a line starting with
+// "skipped:", naming the holder and for how long it has held the lock, so
+// that cron output tells a skipped round from a purged one, and a stuck
+// holder from a busy one.
+func TestPurgeSkippedSaysWhoAndHowLong(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := purgeFixture(t, tg)
+		sess, busy, err := f.store.Maintenance().BeginPurge(context.Background())
+		require.NoError(t, err)
+		require.Nil(t, busy)
+		defer sess.Close()
+		for _, extra := range [][]string{nil, {"-dry-run"}} {
+			code, out, errOut := f.run(t, "purge", append([]string{"-retention", "2d"}, extra...)...)
+			require.Equal(t, exitOK, code, errOut)
+			require.Regexp(t, `^skipped: another purge of `+f.table+` is running; (PostgreSQL backend|MySQL connection) \d+ has held the purge lock for \d+s\n$`, out)
+		}
+		require.Equal(t, map[string]int{"billing": 42, "mailer": 5}, f.rows(t))
+	}, postgres, mariadb)
+}
+
 // The command's errors name its flags, never the Go configuration fields
 // they fill (AllowShortRetention, BatchSize...): its user has only the
 // flags.

@@ -127,11 +127,11 @@ var errMismatch = errors.New("the table does not match the configuration, and ap
 // default partition holds rows of their period, moving those rows into
 // them. On a table just created it first lists those CreateSchema made.
 func createPartitions(ctx context.Context, m maintenance.Store, ahead int, fresh bool, stdout io.Writer) error {
-	sess, ok, err := m.BeginPurge(ctx)
+	sess, busy, err := m.BeginPurge(ctx)
 	if err != nil {
 		return err
 	}
-	if !ok {
+	if busy != nil {
 		fmt.Fprintln(stdout, "a purge of the table is running; it creates the partitions ahead")
 		return nil
 	}
@@ -145,14 +145,17 @@ func createPartitions(ctx context.Context, m maintenance.Store, ahead int, fresh
 			fmt.Fprintf(stdout, "created partition %s\n", p.Name)
 		}
 	}
-	created, blocked, err := sess.CreatePartitions(ctx, ahead, purge.DefaultLockTimeout)
-	for _, p := range created {
+	parts, err := sess.CreatePartitions(ctx, ahead, purge.DefaultLockTimeout)
+	for _, p := range parts.Created {
 		fmt.Fprintf(stdout, "created partition %s\n", p.Name)
+	}
+	for _, p := range parts.TimedOut {
+		fmt.Fprintf(stdout, "partition %s not created: the table lock was not granted within %s; the purge creates it\n", p.Name, purge.DefaultLockTimeout)
 	}
 	if err != nil {
 		return err
 	}
-	for _, p := range blocked {
+	for _, p := range parts.Blocked {
 		moved, err := sess.MoveBlocked(ctx, p, purge.DefaultLockTimeout)
 		if err != nil {
 			return err

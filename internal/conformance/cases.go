@@ -647,7 +647,7 @@ func testSchemaIdempotent(t *testing.T, target Target) {
 	})
 	for range 4 {
 		wg.Go(func() {
-			s, err := sqlinbox.New(target.Open(t), sqlinbox.Config{Dialect: target.Dialect, Table: table, Partitioning: target.Partitioning})
+			s, err := sqlinbox.New(target.Open(t), sqlinbox.Config{Dialect: target.Dialect, Table: table, Partitioning: target.Partitioning, TransactionPooling: target.TransactionPooling})
 			if err == nil {
 				err = s.CreateSchema(context.Background())
 			}

@@ -59,6 +59,11 @@ type Target struct {
 	// carry no time: each store it builds is wrapped in timedIDs.
 	EventIDTime bool
 
+	// TransactionPooling: Open reaches PostgreSQL through a
+	// transaction-pooling proxy, and the stores are configured for it
+	// (sqlinbox.Config.TransactionPooling).
+	TransactionPooling bool
+
 	// Native, when set, runs the suite on the target's own store instead of
 	// a *sqlinbox.Store on Open. Tables are still created and inspected
 	// through Open.
@@ -146,7 +151,7 @@ type bundle struct {
 func setup(t *testing.T, target Target, mutate ...func(*sqlinbox.Config)) *bundle {
 	t.Helper()
 	db := target.Open(t)
-	cfg := sqlinbox.Config{Dialect: target.Dialect, Table: testdb.Table(t, db, "inbox"), Partitioning: target.Partitioning}
+	cfg := sqlinbox.Config{Dialect: target.Dialect, Table: testdb.Table(t, db, "inbox"), Partitioning: target.Partitioning, TransactionPooling: target.TransactionPooling}
 	if target.EventIDTime {
 		cfg.PartitionKey = sqlinbox.EventIDTime
 	}

@@ -10,8 +10,7 @@
 // public API to what users call.
 //
 // Work that must not run in two instances at once happens in a session
-// (PurgeSession) holding the table's maintenance lock on a connection of
-// its own. New operations join Store, or a session, as methods: each store
+// (PurgeSession) holding the table's purge lock. New operations join Store, or a session, as methods: each store
 // then implements them with its own SQL.
 package maintenance
 
@@ -40,9 +39,9 @@ type Store interface {
 	// statements of a session.
 	Limits() Limits
 	// BeginPurge opens a purge session. When another session holds the
-	// table's purge lock it returns nil and false without waiting: that
-	// instance is already doing the work.
-	BeginPurge(ctx context.Context) (PurgeSession, bool, error)
+	// table's purge lock it returns a nil session and that holder, without
+	// waiting: that instance is already doing the work.
+	BeginPurge(ctx context.Context) (PurgeSession, *Busy, error)
 	// ClaimSQL returns the table's claim, for a store on another driver.
 	ClaimSQL() ClaimSQL
 	// DownSQL returns the statements that undo the schema, for a

@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -16,6 +17,36 @@ var ErrPurgeTimeout = errors.New("purge statement timed out")
 // the purge cannot compare times in: the wrong type for its time column, or
 // (SQLite) rows whose time is text in another form. Nothing was deleted.
 var ErrTableMismatch = errors.New("the purge refuses this table")
+
+// ErrLockTimeout means DDL (creating or dropping a partition, creating the
+// table's index) did not get its table lock within the lock timeout, so as
+// not to keep claims queued behind it; nothing was changed. It is not
+// inbox.ErrInFlight, which is about a claim.
+var ErrLockTimeout = errors.New("the table lock was not granted within the lock timeout (a long transaction holds the table; claims would have queued behind the wait)")
+
+// Busy is another session holding a table's purge lock, as BeginPurge
+// finds it: that round is doing the work.
+type Busy struct {
+	// HeldFor is how long it has held the lock by the database clock, and
+	// Known whether the database told (it may hide other users'
+	// sessions).
+	HeldFor time.Duration
+	Known   bool
+	// Holder names the session for an operator ("PostgreSQL backend
+	// 4242", "MySQL connection 17"), or is empty.
+	Holder string
+}
+
+func (b Busy) String() string {
+	who := "another session"
+	if b.Holder != "" {
+		who = b.Holder
+	}
+	if !b.Known {
+		return who + " holds the purge lock (the database does not tell this user since when)"
+	}
+	return fmt.Sprintf("%s has held the purge lock for %s", who, b.HeldFor.Round(time.Second))
+}
 
 // PurgeScope selects the rows one purge pass removes: those whose
 // processed_at is more than OlderThan before the database's clock (never the
@@ -32,9 +63,12 @@ type PurgeScope struct {
 	Except []string
 }
 
-// PurgeSession is one purge round on a dedicated connection that holds the
-// table's purge lock, so that several instances running the purge never
-// work at the same time. Close it to release the lock and the connection.
+// PurgeSession is one purge round on a dedicated connection, holding the
+// table's purge lock so that several instances running the purge never
+// work at the same time. The lock never outlives the round's connections,
+// and no statement relies on session state left by another, so a session
+// works behind a transaction-pooling proxy. Close it to release the lock
+// and the connections.
 //
 // The partition methods are for a partitioned table (Store.Partitioned);
 // on a plain one they fail.
@@ -51,7 +85,8 @@ type PurgeSession interface {
 	// DeleteBatch deletes at most limit rows of scope, oldest first, in one
 	// transaction, and returns how many it deleted. A statement running
 	// longer than timeout (0: no limit) is cancelled by the database and
-	// reported as an error wrapping ErrPurgeTimeout.
+	// reported as an error wrapping ErrPurgeTimeout. It first makes sure
+	// the session still holds the purge lock, and fails if not.
 	DeleteBatch(ctx context.Context, scope PurgeScope, limit int, timeout time.Duration) (int64, error)
 	// CountExpired returns, per consumer, how many rows of scope are old
 	// enough for DeleteBatch to remove. It deletes nothing (a dry run).
@@ -61,12 +96,8 @@ type PurgeSession interface {
 	Partitions(ctx context.Context) ([]Partition, error)
 	// CreatePartitions creates the partition of the current period (by the
 	// database clock) and of the next ahead periods, skipping those that
-	// exist, and returns those it created. A period whose rows already
-	// went to the default partition cannot get its own partition; it is
-	// returned in blocked, and its rows are purged from the default
-	// partition by DeleteBatch. lockTimeout bounds the wait for the table
-	// lock the DDL needs: claims queue behind that wait.
-	CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (created, blocked []Partition, err error)
+	// exist, and says what became of each missing one.
+	CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (Partitions, error)
 	// MoveBlocked creates the partition of a period that CreatePartitions
 	// returned as blocked, moving the default partition's rows of the
 	// period into it, in one transaction that holds the table's exclusive
@@ -80,9 +111,24 @@ type PurgeSession interface {
 	// CountPartition returns, per consumer, the rows of one partition.
 	CountPartition(ctx context.Context, part Partition) (map[string]int64, error)
 	// DropPartition drops one partition with all its rows; lockTimeout
-	// bounds the wait for the table lock it needs.
+	// bounds the wait for the table lock it needs, after which it fails
+	// with an error wrapping ErrLockTimeout.
 	DropPartition(ctx context.Context, part Partition, lockTimeout time.Duration) error
 
-	// Close releases the purge lock and the connection.
+	// Close releases the purge lock and the connections.
 	Close() error
+}
+
+// Partitions is what CreatePartitions (or CreateSchema) made of the missing
+// partitions of the periods it keeps ready.
+type Partitions struct {
+	Created []Partition
+	// Blocked periods already have rows in the default partition, so they
+	// cannot get a partition of their own (PostgreSQL refuses); their rows
+	// are purged from the default partition by DeleteBatch. Finding one
+	// costs an index probe, not the table lock.
+	Blocked []Partition
+	// TimedOut did not get the table lock within the lock timeout; the
+	// next round (or the purge, after CreateSchema) tries again.
+	TimedOut []Partition
 }

@@ -5,6 +5,7 @@
 package testdb
 
 import (
+	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +33,41 @@ func PostgresDSN() string {
 		return dsn
 	}
 	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// PgBouncerDSN is the URL of PgBouncer in transaction pooling mode in front
+// of the test PostgreSQL: INBOX_TEST_PGBOUNCER_DSN, which the repository's
+// test.sh starts and exports, or PgBouncer's usual local port.
+func PgBouncerDSN() string {
+	if dsn := os.Getenv("INBOX_TEST_PGBOUNCER_DSN"); dsn != "" {
+		return dsn
+	}
+	return "postgres://postgres@127.0.0.1:6432/test?sslmode=disable"
+}
+
+// PoolerDSN is PgBouncerDSN with the setting docs/poolers.md gives driver
+// ("postgres" for lib/pq, "pgx" for pgx, stdlib or native) behind a
+// transaction-pooling proxy: lib/pq binary_parameters=yes, pgx
+// default_query_exec_mode=exec.
+func PoolerDSN(driver string) string { return PoolerSettings(PgBouncerDSN(), driver) }
+
+// PoolerSettings adds to the PostgreSQL URL dsn the setting driver needs
+// behind a transaction-pooling proxy, as PoolerDSN.
+func PoolerSettings(dsn, driver string) string {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	if driver == "postgres" {
+		return dsn + sep + "binary_parameters=yes"
+	}
+	return dsn + sep + "default_query_exec_mode=exec"
+}
+
+// PgBouncer opens the test PgBouncer through lib/pq ("postgres") or pgx's
+// stdlib ("pgx"), with PoolerDSN's settings.
+func PgBouncer(t testing.TB, driverName string) *sql.DB {
+	return Open(t, driverName, PoolerDSN(driverName))
 }
 
 // opened remembers the driver and DSN of every pool Open returned, so that
@@ -183,6 +220,53 @@ func DropTimePartitions(t testing.TB, db *sql.DB, table string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// BusyPooler keeps the test PgBouncer's pool busy until the test ends:
+// clients goroutines, each on a connection of its own, run short
+// transactions back to back, so that consecutive statements of any other
+// client reach different server connections, as in production, where a
+// lock or a prepared statement left on one server connection is met by
+// another client, or missed by its own.
+func BusyPooler(t testing.TB, clients int) {
+	t.Helper()
+	db := PgBouncer(t, "pgx")
+	var (
+		stop atomic.Bool
+		wg   sync.WaitGroup
+	)
+	// Stopped by a flag, not by cancelling a context: a statement
+	// cancelled mid-flight makes the driver send PostgreSQL a cancel
+	// request, and PgBouncer 1.18 can crash on one (its issues 801, 822
+	// and 904, fixed by 1.20.1).
+	t.Cleanup(func() {
+		stop.Store(true)
+		wg.Wait()
+	})
+	for range clients {
+		wg.Go(func() {
+			for !stop.Load() {
+				_, _ = db.Exec(`SELECT pg_sleep(0.002)`)
+			}
+		})
+	}
+}
+
+// RequireServerSwitches fails unless consecutive statements of one client
+// connection of db reach at least two server connections: the condition
+// in which session state left by one statement is lost to the next.
+func RequireServerSwitches(t testing.TB, db *sql.DB) {
+	t.Helper()
+	conn, err := db.Conn(context.Background())
+	require.NoError(t, err)
+	defer conn.Close()
+	pids := map[int]bool{}
+	for i := 0; i < 200 && len(pids) < 2; i++ {
+		var pid int
+		require.NoError(t, conn.QueryRowContext(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid))
+		pids[pid] = true
+	}
+	require.Len(t, pids, 2, "200 statements of one client all reached one server connection: is PgBouncer in transaction pooling mode?")
 }
 
 // BlockLastTimePartition makes a period blocked, as one event dated ahead

@@ -373,20 +373,20 @@ func (a *Admin) partitionsAhead(ctx context.Context, c sqlinbox.Config, ahead in
 	if err != nil {
 		return err
 	}
-	ps, ok, err := store.Maintenance().BeginPurge(ctx)
+	ps, busy, err := store.Maintenance().BeginPurge(ctx)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		return fmt.Errorf("another session holds the purge lock of %s", c.Table)
+	if busy != nil {
+		return fmt.Errorf("%s: %s", c.Table, busy)
 	}
-	_, blocked, err := ps.CreatePartitions(ctx, ahead, 10*time.Second)
+	parts, err := ps.CreatePartitions(ctx, ahead, 10*time.Second)
 	_ = ps.Close()
 	if err != nil {
 		return err
 	}
-	if len(blocked) > 0 {
-		return fmt.Errorf("the default partition of %s holds rows of %v: drop the table to prefill it again", c.Table, blocked)
+	if len(parts.Blocked) > 0 || len(parts.TimedOut) > 0 {
+		return fmt.Errorf("the partitions of %s were not all created (blocked by rows in the default partition: %v, table lock not granted: %v): drop the table to prefill it again", c.Table, parts.Blocked, parts.TimedOut)
 	}
 	return nil
 }

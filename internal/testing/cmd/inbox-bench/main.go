@@ -63,6 +63,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/bench"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -88,6 +89,7 @@ type options struct {
 	rtt      time.Duration
 	write    string
 	parts    bool
+	pooler   string
 	out      io.Writer
 }
 
@@ -114,6 +116,7 @@ func main() {
 	flag.DurationVar(&o.rtt, "rtt", 0, "network round trip added to every measured connection by an in-process proxy, e.g. 500us (0: direct; SQLite has no network)")
 	flag.StringVar(&o.write, "write", "one-row", "business write per message: "+strings.Join(bench.WriteKinds, ", ")+" (one-row: one row, no index; invoice: an indexed invoice row and a customer's running total)")
 	flag.BoolVar(&o.parts, "claim-parts", false, "print what each part of the inbox row costs in WAL per claim on PostgreSQL (needs pg_walinspect), then exit")
+	flag.StringVar(&o.pooler, "pooler", "", "PostgreSQL URL of a transaction-pooling proxy (PgBouncer pool_mode=transaction) in front of -dsn's database: PostgreSQL drivers also run bare and inbox through it (modes bare-pooled, inbox-pooled), with the DSN settings and sqlinbox.Config.TransactionPooling docs/poolers.md gives")
 	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
@@ -163,7 +166,11 @@ type mode struct {
 	name string
 	h    message.HandlerFunc
 	msgs bench.Messages
+	rt   *bench.RoundTrips // the round trips of its connections, when not the driver's
 }
+
+// pooledSuffix names the modes that run through -pooler.
+const pooledSuffix = "-pooled"
 
 func run(ctx context.Context, o options) error {
 	if o.parts {
@@ -319,10 +326,26 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 	}
 	dedup := &middleware.Deduplicator{KeyFactory: middleware.MessageHasher(inbox.DefaultEventID)}
 	modes := []mode{
-		{"bare", conn.Bare(write), fresh()},
-		{"inbox", inboxH, fresh()},
-		{"dup", inboxH, bench.Duplicates(dupIDs)},
-		{"dedup", dedup.Middleware(conn.Bare(write)), fresh()},
+		{name: "bare", h: conn.Bare(write), msgs: fresh()},
+		{name: "inbox", h: inboxH, msgs: fresh()},
+		{name: "dup", h: inboxH, msgs: bench.Duplicates(dupIDs)},
+		{name: "dedup", h: dedup.Middleware(conn.Bare(write)), msgs: fresh()},
+	}
+	if o.pooler != "" && d.Dialect() == "postgresql" {
+		pooled, rt, err := openPooled(ctx, o, d, lat)
+		if err != nil {
+			return err
+		}
+		defer pooled.Close()
+		pooledConfig := emptyConfig
+		pooledConfig.TransactionPooling = true
+		pooledH, err := pooled.Inbox(pooledConfig, write)
+		if err != nil {
+			return err
+		}
+		modes = append(modes,
+			mode{name: "bare" + pooledSuffix, h: pooled.Bare(write), msgs: fresh(), rt: rt},
+			mode{name: "inbox" + pooledSuffix, h: pooledH, msgs: fresh(), rt: rt})
 	}
 	if full != "" {
 		fullH, err := conn.Inbox(fullConfig, write)
@@ -330,8 +353,8 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 			return err
 		}
 		modes = append(modes,
-			mode{"inbox-full", fullH, fresh()},
-			mode{"dup-full", fullH, fullDups})
+			mode{name: "inbox-full", h: fullH, msgs: fresh()},
+			mode{name: "dup-full", h: fullH, msgs: fullDups})
 	}
 	modes, err = selectModes(modes, o.modes)
 	if err != nil {
@@ -380,6 +403,25 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 		return kafkaEndToEnd(ctx, o, km)
 	}
 	return nil
+}
+
+// openPooled opens d through o.pooler, with the DSN setting a
+// transaction-pooling proxy needs for d (lib/pq binary_parameters=yes, pgx
+// default_query_exec_mode=exec), counting its round trips apart.
+func openPooled(ctx context.Context, o options, d bench.Driver, lat *bench.Latency) (bench.Conn, *bench.RoundTrips, error) {
+	driver := "pgx"
+	if strings.HasSuffix(d.Name, "/lib-pq") {
+		driver = "postgres"
+	}
+	rt := &bench.RoundTrips{}
+	if lat != nil {
+		rt.Through(lat)
+	}
+	conn, err := d.Open(ctx, testdb.PoolerSettings(o.pooler, driver), slices.Max(o.conc), rt)
+	if err != nil {
+		return nil, nil, fmt.Errorf("through -pooler: %w", err)
+	}
+	return conn, rt, nil
 }
 
 // claimParts prints the WAL of one claim in tables holding more and more of
@@ -467,11 +509,15 @@ func costs(ctx context.Context, o options, admin *bench.Admin, d bench.Driver, r
 					return err
 				}
 			}
-			rt0 := rt.Count()
+			mrt := rt
+			if m.rt != nil {
+				mrt = m.rt
+			}
+			rt0 := mrt.Count()
 			if err := bench.RunN(m.h, o.sample, m.msgs); err != nil {
 				return fmt.Errorf("%s: %w", m.name, err)
 			}
-			rt1 := rt.Count()
+			rt1 := mrt.Count()
 			runtime.ReadMemStats(&ms)
 			n := float64(o.sample)
 			if s == 0 {
@@ -558,7 +604,23 @@ func throughput(ctx context.Context, o options, c int, modes []mode) error {
 		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%.2f\t%s\t\n", m.name, r.Rate(), ms(r.Percentile(0.5)), ms(r.Percentile(0.99)), median(ratios[i]), errs)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// Through the pooler against direct, mode by mode, from the rates of
+	// each round (ratios[i] are to the same round's bare).
+	for i, m := range modes {
+		direct := slices.IndexFunc(modes, func(d mode) bool { return d.name+pooledSuffix == m.name })
+		if direct < 0 {
+			continue
+		}
+		var per []float64
+		for r := range ratios[i] {
+			per = append(per, ratios[i][r]/ratios[direct][r])
+		}
+		fmt.Fprintf(o.out, "%s / %s: %.2f, rounds %.2f to %.2f\n", m.name, modes[direct].name, median(per), slices.Min(per), slices.Max(per))
+	}
+	return nil
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }

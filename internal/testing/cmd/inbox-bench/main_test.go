@@ -49,6 +49,27 @@ func TestRTTSmoke(t *testing.T) {
 	requireNoErrors(t, out.String())
 }
 
+// -pooler runs bare and inbox through PgBouncer beside the direct modes,
+// on database/sql (lib/pq) and native pgx, and prints the pooled/direct ratios; the
+// round trips are the direct ones (with lib/pq's binary_parameters its
+// write takes one fewer).
+func TestPoolerSmoke(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	err := run(context.Background(), options{
+		drivers: "lib-pq,pgx", dsn: testdb.PostgresDSN(), pooler: testdb.PgBouncerDSN(), conc: []int{2},
+		duration: 20 * time.Millisecond, rounds: 2, sample: 5, dupIDs: 10, modes: "bare,inbox,bare-pooled,inbox-pooled", out: &out,
+	})
+	require.NoError(t, err, out.String())
+	for _, driver := range []string{"lib-pq", "pgx"} {
+		_, section, _ := strings.Cut(out.String(), "== postgresql/"+driver+"\n")
+		section, _, _ = strings.Cut(section, "\n== ")
+		require.Regexp(t, `(?m)^\s+inbox-pooled\s+[34]\.00\s`, section, driver)
+		require.Regexp(t, `(?m)^inbox-pooled / inbox: \d+\.\d\d, rounds `, section, driver)
+	}
+	requireNoErrors(t, out.String())
+}
+
 // The invoice write runs on every dialect, and the WAL of the one-at-a-time
 // pass counts its tables: more than the one-row write's 126 bytes bare.
 func TestInvoiceSmoke(t *testing.T) {

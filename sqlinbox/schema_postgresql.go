@@ -1,0 +1,99 @@
+package sqlinbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/watermill-inbox/inbox/internal/maintenance"
+)
+
+// SchemaLockTimeout is the longest CreateSchema waits for a table lock on
+// PostgreSQL. Claims queue behind DDL waiting for a lock, so this is also
+// the longest a claim waits behind CreateSchema, as at every rolling
+// deploy.
+const SchemaLockTimeout = time.Second
+
+// partitionsStep stands in schemaObjects for the statement creating the
+// coming time partitions.
+var partitionsStep = tableName{}
+
+// ErrLockTimeout is wrapped by the error of DDL that did not get its table
+// lock within its lock timeout and gave up, changing nothing: CreateSchema
+// adding the index of an existing table (SchemaLockTimeout), or the purge
+// dropping a partition (purge.Config.LockTimeout). A long transaction holds
+// the table; retry when it is gone. It is not [inbox.ErrInFlight], which is
+// a claim's.
+var ErrLockTimeout = maintenance.ErrLockTimeout
+
+// createSchemaPostgres is CreateSchema on PostgreSQL: the statements of
+// what is missing in one transaction, then the partitions one by one.
+func (s *Store) createSchemaPostgres(ctx context.Context) error {
+	if err := s.createMissing(ctx); err != nil {
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
+	}
+	if s.config.Partitioning == NoPartitioning {
+		return nil
+	}
+	parts, err := makePartitions(ctx, s.db, s.table, s.config, SchemaPartitionsAhead, SchemaLockTimeout)
+	for _, part := range parts.Blocked {
+		s.config.Logger.Info("Inbox partition not created: rows of its period are already in the default partition (the purge deletes them there)", watermill.LogFields{"table": s.table.String(), "partition": part.Name})
+	}
+	for _, part := range parts.TimedOut {
+		s.config.Logger.Info("Inbox partition not created: the table lock was not granted within sqlinbox.SchemaLockTimeout; the purge creates it, and claims go to the default partition meanwhile", watermill.LogFields{"table": s.table.String(), "partition": part.Name, "lock_timeout": SchemaLockTimeout.String()})
+	}
+	if err != nil {
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// createMissing runs, in one transaction holding the schema lock, the
+// statements of the schema whose relation does not exist. Even CREATE
+// INDEX IF NOT EXISTS takes its table lock before it finds the index
+// there, and a DEFAULT partition's index locks that partition before the
+// parent, the reverse of a partition's DDL, which deadlocked against the
+// purge: statements with nothing to create are not sent at all.
+func (s *Store) createMissing(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	// Other instances' CreateSchema hold the lock briefly: each of their
+	// statements waits at most SchemaLockTimeout, so this wait has no
+	// timeout of its own.
+	if _, err := tx.ExecContext(ctx, pgSchemaLock(s.table)); err != nil {
+		return err
+	}
+	if err := pgSetLockTimeout(ctx, tx, SchemaLockTimeout); err != nil {
+		return err
+	}
+	probes := make([]string, len(s.q.schemaObjects))
+	var args []any
+	exists := make([]any, len(s.q.schemaObjects))
+	for i, obj := range s.q.schemaObjects {
+		exists[i] = new(bool)
+		if obj == partitionsStep { // made by makePartitions instead
+			probes[i] = "true"
+			continue
+		}
+		args = append(args, obj.quoted('"'))
+		probes[i] = fmt.Sprintf("to_regclass($%d) IS NOT NULL", len(args))
+	}
+	if err := tx.QueryRowContext(ctx, "SELECT "+strings.Join(probes, ", "), args...).Scan(exists...); err != nil {
+		return err
+	}
+	for i, stmt := range s.q.schema {
+		if *exists[i].(*bool) {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return pgDDLErr(err)
+		}
+	}
+	return tx.Commit()
+}
