@@ -118,7 +118,7 @@ func (e *engine) publishInTx(ctx context.Context, s *session, produced []*messag
 }
 
 // bindIt says how to build the produced publisher.
-const bindIt = "Build it on the transaction of the ctx it is given: tx, _ := inbox.TxFromContext(ctx), then watermill-sql v4's sql.NewPublisher(sql.TxFromStdSQL(tx), ...) (v3: sql.NewPublisher(tx, ...)); on a pgxinbox.Store, pgxinbox.TxFromContext(ctx) and sql.TxFromPgx(tx)"
+const bindIt = "Build it on the transaction of the ctx it is given: tx, ok := inbox.TxFromContext(ctx) (return inbox.ErrNotInInbox unless ok), then watermill-sql v4's sql.NewPublisher(sql.TxFromStdSQL(tx), ...) (v3: sql.NewPublisher(tx, ...)); on a pgxinbox.Store, pgxinbox.TxFromContext(ctx) and sql.TxFromPgx(tx)"
 
 func (e *engine) publisherCheck(consumer string) publisherCheck {
 	e.publisherMu.RLock()
