@@ -52,7 +52,7 @@ type Observation struct {
 	Consumer string
 	EventID  string // "" when it could not be extracted
 	Outcome  Outcome
-	Err      error // nil for OutcomeProcessed, OutcomeDuplicate and acked OutcomeIDReused or OutcomeStale
+	Err      error // nil for [OutcomeProcessed], [OutcomeDuplicate] and acked [OutcomeIDReused] or [OutcomeStale]
 	// Stale: the event was older than [Config.MaxEventAge], whatever the
 	// policy. Under [StaleProcess] its outcome is that of any other
 	// message, so this is the only sign that it may have been a duplicate
