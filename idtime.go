@@ -11,9 +11,9 @@ import (
 // millisecond, the same in every copy of the event:
 //
 //   - a UUIDv7 (RFC 9562) in its 36-character hyphenated form, either case,
-//     as github.com/google/uuid's NewV7 makes;
+//     as [github.com/google/uuid.NewV7] makes;
 //   - a ULID, 26 characters of Crockford's base32, either case, as
-//     Watermill's watermill.NewULID makes.
+//     Watermill's [watermill.NewULID] makes.
 //
 // The time is the producer's clock when it made the id: a producer whose
 // clock is off gives its events a time that is off by as much.
@@ -60,7 +60,7 @@ func TimeInEventID(id string) (time.Time, bool) {
 }
 
 // EventTimeFromEventID reads the event time from the event id eventID
-// returns, by [TimeInEventID], for Config.MaxEventAge: an id without a time
+// returns, by [TimeInEventID], for [Config.MaxEventAge]: an id without a time
 // means no time, and the message is not checked. With ids that carry their
 // time, nothing else needs to travel with the event.
 func EventTimeFromEventID(eventID EventIDFunc) EventTimeFunc {

@@ -30,7 +30,7 @@ import (
 // Tests run real v3 and v4 subscribers, so that a change there fails a test.
 
 // subscriberTxLike is what a stored value must offer to be taken for a
-// transaction: *sql.Tx, and watermill-sql v4's Tx wrappers, do.
+// transaction: [*sql.Tx], and watermill-sql v4's Tx wrappers, do.
 type subscriberTxLike interface {
 	Commit() error
 	Rollback() error
@@ -59,8 +59,8 @@ func lookupSubscriberTx(ctx context.Context) subscriberTx {
 }
 
 // standIn returns ctx with tx, the claim's transaction as the handler writes
-// through it (a *sql.Tx or a pgx.Tx), in the subscriber's transaction's
-// place. The error, wrapping ErrSubscriberTx, is for a transaction tx cannot
+// through it (a [*sql.Tx] or a pgx.Tx), in the subscriber's transaction's
+// place. The error, wrapping [ErrSubscriberTx], is for a transaction tx cannot
 // stand in for.
 func (st subscriberTx) standIn(ctx context.Context, tx any) (context.Context, error) {
 	v, err := standIn(st.value, tx)
