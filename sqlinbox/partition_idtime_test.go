@@ -117,6 +117,24 @@ func TestEventIDTimeRefusesIDsWithoutTime(t *testing.T) {
 	require.Zero(t, rows)
 }
 
+// A ULID with a letter outside Crockford's alphabet (I, L, O, U), or
+// beyond the 48-bit time, is refused as an invalid ULID naming what is
+// wrong, not as an id that carries no time.
+func TestEventIDTimeInvalidULID(t *testing.T) {
+	t.Parallel()
+	_, store, _ := idTimeStore(t, "pgx")
+	for id, want := range map[string]string{
+		"01FWHE4YDG000000000000000U": `"01FWHE4YDG000000000000000U" is not a valid ULID: 'U' at position 26 is not in its alphabet (Crockford's base32 has no I, L, O or U)`,
+		"01fwhe4ydgL000000000000000": `"01fwhe4ydgL000000000000000" is not a valid ULID: 'L' at position 11 is not in its alphabet`,
+		"81FWHE4YDG0000000000000000": `"81FWHE4YDG0000000000000000" is not a valid ULID: its first character, 8, is above 7: the time would not fit in 48 bits`,
+	} {
+		_, err := store.CheckEventID(id)
+		require.ErrorIs(t, err, inbox.ErrInvalidEventID)
+		require.ErrorContains(t, err, want)
+		require.NotContains(t, err.Error(), "carries no time")
+	}
+}
+
 // An event whose time no partition covers, long past or far ahead, lands
 // in the default partition and is deduplicated there. The purge drops
 // expired partitions whole and deletes expired rows of the default
