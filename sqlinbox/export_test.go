@@ -10,12 +10,7 @@ var MySQLErrorNumber = mysqlErrorNumber
 // ExplainClaims returns PostgreSQL's EXPLAIN (ANALYZE, FORMAT JSON) of the
 // statement s.Maintenance().Claims runs for consumer's claims of ids.
 func ExplainClaims(ctx context.Context, s *Store, consumer string, ids []string) (string, error) {
-	m := maintainer{s}
-	q, err := m.queries()
-	if err != nil {
-		return "", err
-	}
-	args, err := m.lookupArgs(consumer, ids)
+	q, args, err := lookup(s, consumer, ids)
 	if err != nil {
 		return "", err
 	}
@@ -27,12 +22,7 @@ func ExplainClaims(ctx context.Context, s *Store, consumer string, ids []string)
 // ExplainForget returns the same of the DELETE s.Maintenance().Forget runs
 // for ids, in a transaction it rolls back.
 func ExplainForget(ctx context.Context, s *Store, consumer string, ids []string) (string, error) {
-	m := maintainer{s}
-	q, err := m.queries()
-	if err != nil {
-		return "", err
-	}
-	args, err := m.lookupArgs(consumer, ids)
+	q, args, err := lookup(s, consumer, ids)
 	if err != nil {
 		return "", err
 	}
@@ -49,4 +39,14 @@ func ExplainForget(ctx context.Context, s *Store, consumer string, ids []string)
 	var plan string
 	err = tx.QueryRowContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.forgetDelete(len(ids)), args...).Scan(&plan)
 	return plan, err
+}
+
+func lookup(s *Store, consumer string, ids []string) (maintenanceQueries, []any, error) {
+	m := maintainer{s}
+	q, err := m.queries()
+	if err != nil {
+		return q, nil, err
+	}
+	args, err := m.lookupArgs(consumer, ids)
+	return q, args, err
 }
