@@ -30,7 +30,7 @@ func partitionedStore(t *testing.T, driver string, mode sqlinbox.Partitioning) (
 
 // createPartition makes the daily partition holding the database's now()
 // minus ago, as the purge would have made it back then.
-func createPartition(t *testing.T, db *sql.DB, table string, ago time.Duration) string {
+func createPartition(t testing.TB, db *sql.DB, table string, ago time.Duration) string {
 	t.Helper()
 	var from time.Time
 	require.NoError(t, db.QueryRow(`SELECT date_trunc('day', (now() - $1::float8 * interval '1 microsecond') AT TIME ZONE 'UTC')`, ago.Microseconds()).Scan(&from))
