@@ -3,9 +3,7 @@ package sqlinbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -77,21 +75,3 @@ type queries struct {
 	// registry is the consumer registry's SQL; its table ends schema.
 	registry registryQueries
 }
-
-// sqlState is implemented by PostgreSQL driver errors (lib/pq's *pq.Error and
-// pgx's *pgconn.PgError), so errors are recognised by SQLSTATE code without
-// importing either driver.
-type sqlState interface{ SQLState() string }
-
-func pgCode(err error) string {
-	var e sqlState
-	if errors.As(err, &e) {
-		return e.SQLState()
-	}
-	return ""
-}
-
-// pgMaxTimeout is the longest lock_timeout and statement_timeout
-// PostgreSQL takes: an int of milliseconds. A longer one makes every
-// statement that sets it fail.
-const pgMaxTimeout = math.MaxInt32 * time.Millisecond

@@ -46,7 +46,7 @@ func idTimeQueries(t tableName, c Config, idType, fpCol string) queries {
 SELECT %[2]s FROM (SELECT (SELECT min(event_time) FROM %[1]s WHERE consumer = c.consumer) AS m FROM c WHERE c.consumer IS NOT NULL) o`, table, pgUTC("min(m)")),
 		addFingerprint: fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS fingerprint bytea`, table),
 	}
-	q.claim, q.afterClaim = pgInsertClaim(c, table, cols, vals)
+	q.claim, q.afterClaim = pgInsertClaim(c.ClaimTimeout, table, cols, vals)
 	if c.Fingerprints {
 		q.fingerprint = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = $1 AND event_id = $2 AND event_time = $3`, table)
 	}

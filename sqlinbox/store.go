@@ -214,6 +214,9 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 // Table returns the inbox table's name as configured.
 func (s *Store) Table() string { return s.table.String() }
 
+// Partitioning returns the table layout the store was configured with.
+func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
+
 // SchemaSQL returns the DDL CreateSchema runs, as one script, for migration
 // tools. Every statement is idempotent. It ends with the consumer registry
 // (RegistryTable), which a table created by an earlier release lacks: apply
