@@ -2,10 +2,6 @@ package sqlinbox
 
 import (
 	"fmt"
-	"time"
-
-	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // idTimeQueries is the PostgreSQL schema and claim of a table partitioned
@@ -52,14 +48,4 @@ SELECT %[2]s FROM (SELECT (SELECT min(event_time) FROM %[1]s WHERE consumer = c.
 	}
 	q.verify = verifyLayout(t, c)
 	return q
-}
-
-// eventIDTime returns the time inside id, for a table partitioned by it;
-// an id without one is refused as inbox.CheckEventID would refuse it.
-func (s *Store) eventIDTime(id string) (time.Time, error) {
-	at, ok := inbox.TimeInEventID(id)
-	if !ok {
-		return time.Time{}, fmt.Errorf("%w: %s carries no time (a UUIDv7 or a ULID does), and %s is partitioned by the time inside event ids (sqlinbox.EventIDTime)", inbox.ErrInvalidEventID, errtext.Quote(id), s.table)
-	}
-	return at, nil
 }

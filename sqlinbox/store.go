@@ -15,8 +15,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -217,78 +215,6 @@ func (s *Store) Table() string { return s.table.String() }
 // Partitioning returns the table layout the store was configured with.
 func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
 
-// SchemaSQL returns the DDL CreateSchema runs, as one script, for migration
-// tools. Every statement is idempotent. It ends with the consumer registry
-// (RegistryTable), which a table created by an earlier release lacks: apply
-// the script again, or that one CREATE TABLE.
-//
-// CreateSchema leaves an existing table as it is: to turn Config.Fingerprints
-// on for a table made without it, run AddFingerprintColumnSQL once.
-func (s *Store) SchemaSQL() string {
-	return strings.Join(s.q.schema, ";\n\n") + ";\n"
-}
-
-// SchemaStatements returns the statements of SchemaSQL one by one, without
-// their final semicolons, for a migration tool that takes statements rather
-// than a script. A tool that splits a file at semicolons must be told where
-// a statement ends: on a partitioned table the last one is a DO block with
-// semicolons of its own (goose: between -- +goose StatementBegin and
-// -- +goose StatementEnd, as inbox schema -format goose prints it).
-func (s *Store) SchemaStatements() []string { return slices.Clone(s.q.schema) }
-
-// AddFingerprintColumnSQL returns the statement that adds the fingerprint
-// column (Config.Fingerprints) to an inbox table created without it, for a
-// migration tool. It adds a nullable column in place, without rewriting the
-// table on PostgreSQL and MariaDB:
-//
-//	ALTER TABLE watermill_inbox ADD COLUMN IF NOT EXISTS fingerprint bytea  -- PostgreSQL
-//	ALTER TABLE watermill_inbox ADD COLUMN fingerprint VARBINARY(64) NULL   -- MySQL/MariaDB
-//	ALTER TABLE watermill_inbox ADD COLUMN fingerprint BLOB                 -- SQLite
-//
-// Only PostgreSQL's form may run twice.
-func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
-
-// CreateSchema creates the inbox table, its index and the consumer registry
-// (RegistryTable) if they do not exist, and on a partitioned table the
-// partitions of the current period and the SchemaPartitionsAhead next ones.
-// It is safe to call on every start, from several instances at once, while
-// others claim and purge, and adds the registry beside a table an earlier
-// release created.
-//
-// On PostgreSQL it runs only the DDL of what is missing, and no statement
-// waits longer than SchemaLockTimeout for a table lock, so claims never
-// queue behind it for longer: a partition it cannot create in time, or
-// whose period's rows already went to the default partition, is left to
-// the purge and logged through Config.Logger; the index of an existing
-// table that lacks it fails with an error wrapping ErrLockTimeout.
-func (s *Store) CreateSchema(ctx context.Context) error {
-	if s.q.schemaObjects != nil {
-		return s.createSchemaPostgres(ctx)
-	}
-	if !s.q.schemaInTx {
-		for _, stmt := range s.q.schema {
-			if _, err := s.db.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
-			}
-		}
-		return nil
-	}
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
-	}
-	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	for _, stmt := range s.q.schema {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
-	}
-	return nil
-}
-
 // Claim implements [inbox.Store]: BEGIN, then the claim as the
 // transaction's first statement. The claim is a prepared statement, so after
 // the first use on a connection it costs one round trip on every driver;
@@ -454,6 +380,16 @@ func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, 
 	return args, nil
 }
 
+// eventIDTime returns the time inside id, for a table partitioned by it;
+// an id without one is refused as inbox.CheckEventID would refuse it.
+func (s *Store) eventIDTime(id string) (time.Time, error) {
+	at, ok := inbox.TimeInEventID(id)
+	if !ok {
+		return time.Time{}, fmt.Errorf("%w: %s carries no time (a UUIDv7 or a ULID does), and %s is partitioned by the time inside event ids (sqlinbox.EventIDTime)", inbox.ErrInvalidEventID, errtext.Quote(id), s.table)
+	}
+	return at, nil
+}
+
 // verify runs the dialect's check of the table until a claim succeeds, so
 // that a store created before its table checks the table once it exists.
 func (s *Store) verify(ctx context.Context) error {
@@ -600,4 +536,15 @@ func (s *Store) claimed(n int64) (bool, error) {
 		return true, nil
 	}
 	return false, fmt.Errorf("sqlinbox: claim affected %d rows, want 0 or 1; is %s really the inbox table?", n, s.table)
+}
+
+// dialectErr wraps err, returned by the database for the store's SQL, with
+// the dialect mismatch it shows, if any: the check in New lets wrapped
+// drivers through, the database's own errors do not.
+func (s *Store) dialectErr(err error) error {
+	found := answeredAs(err)
+	if found == nil || found == s.dialect {
+		return err
+	}
+	return fmt.Errorf("Dialect is %s but the database answered as %s, set Config.Dialect to sqlinbox.%s: %w", s.dialect, found, dialectName(found), err)
 }
