@@ -15,9 +15,9 @@ type Dialect interface {
 	// queries builds every statement once, when the Store is created.
 	queries(t tableName, c Config) queries
 	// classify turns a driver error into one the middleware understands
-	// (lock and busy timeouts wrap inbox.ErrInFlight); others pass through.
+	// (lock and busy timeouts wrap [inbox.ErrInFlight]); others pass through.
 	classify(err error) error
-	// claimTimeoutLimit is the longest Config.ClaimTimeout the database's
+	// claimTimeoutLimit is the longest [Config.ClaimTimeout] the database's
 	// setting takes, and that setting; 0 where ClaimTimeout is refused
 	// anyway.
 	claimTimeoutLimit() (time.Duration, string)
@@ -46,10 +46,10 @@ type queries struct {
 	claim string
 	// idTime makes the time inside the event id the claim's third
 	// parameter (and the fingerprint read's), before the fingerprint: the
-	// partition key of a table partitioned by EventIDTime.
+	// partition key of a table partitioned by [EventIDTime].
 	idTime bool
 	// fingerprint reads the fingerprint stored with (consumer, event_id),
-	// for a duplicate under Config.Fingerprints. claim then takes the
+	// for a duplicate under [Config.Fingerprints]. claim then takes the
 	// fingerprint as its third parameter.
 	fingerprint string
 	// addFingerprint adds the fingerprint column to an existing table.

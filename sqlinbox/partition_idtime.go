@@ -5,7 +5,7 @@ import (
 )
 
 // idTimeQueries is the PostgreSQL schema and claim of a table partitioned
-// by the time inside event ids (EventIDTime).
+// by the time inside event ids ([EventIDTime]).
 //
 // The time is a function of the id, so every copy of an event lands in the
 // same partition and the primary key (consumer, event_time, event_id) sees

@@ -295,3 +295,7 @@ BEGIN
 	END LOOP;
 END $$`, SchemaPartitionsAhead, from, t.quoted('"'), name, to)
 }
+
+// partitionsStep stands in schemaObjects for the statement creating the
+// coming time partitions.
+var partitionsStep = tableName{}

@@ -10,7 +10,7 @@ const registrySuffix = "consumers"
 
 // registryQueries is the SQL of an inbox table's consumer registry: one row
 // per consumer, naming the service that claimed with it first
-// (inbox.ConsumerRegistry). It is read once per consumer and process, never
+// ([inbox.ConsumerRegistry]). It is read once per consumer and process, never
 // per message, so it is a plain table on every dialect and layout.
 type registryQueries struct {
 	// create makes the table; CreateSchema and SchemaSQL end with it.

@@ -37,7 +37,7 @@ func pgCode(err error) string {
 const pgMaxTimeout = math.MaxInt32 * time.Millisecond
 
 // pgInsertClaim is the claim of a table whose key sees every duplicate (a
-// plain table, or one partitioned by EventIDTime), inserting vals into
+// plain table, or one partitioned by [EventIDTime]), inserting vals into
 // cols, and the statement to run after it. ON CONFLICT DO NOTHING never
 // fails on the key: the row count says new (1) or duplicate (0). A copy of
 // the event still inside another transaction makes it wait until that one

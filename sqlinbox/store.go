@@ -25,7 +25,7 @@ import (
 	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
-// DefaultTable is the inbox table's name when Config.Table is empty.
+// DefaultTable is the inbox table's name when [Config.Table] is empty.
 const DefaultTable = "watermill_inbox"
 
 // Config configures New.
@@ -35,27 +35,27 @@ type Config struct {
 	Dialect Dialect
 
 	// Table is the inbox table, optionally schema-qualified ("app.inbox"):
-	// lowercase letters, digits and underscores. Defaults to DefaultTable.
+	// lowercase letters, digits and underscores. Defaults to [DefaultTable].
 	Table string
 
 	// UUIDEventIDs stores event ids in a native UUID column (PostgreSQL
 	// uuid, 16 bytes instead of 37 and a smaller index; MySQL BINARY(16);
 	// SQLite keeps text) and rejects ids that are not UUIDs with
-	// inbox.ErrInvalidEventID before any SQL runs. Ids are stored in
+	// [inbox.ErrInvalidEventID] before any SQL runs. Ids are stored in
 	// canonical lowercase form. It must match the table CreateSchema made.
-	// Defaults to false: any id up to inbox.MaxEventIDLength bytes.
+	// Defaults to false: any id up to [inbox.MaxEventIDLength] bytes.
 	UUIDEventIDs bool
 
 	// ClaimTimeout bounds how long a claim waits for another transaction
 	// holding the same (consumer, event id), that is a duplicate delivered
 	// while the first copy is still being handled. When it expires the claim
-	// fails with an error wrapping inbox.ErrInFlight and the message is
+	// fails with an error wrapping [inbox.ErrInFlight] and the message is
 	// retried later instead of holding a connection. Only the claim
 	// statement is bounded, never the handler's: PostgreSQL lock_timeout,
 	// set for the claim and then put back to the session's value;
 	// MariaDB innodb_lock_wait_timeout through SET STATEMENT, whole seconds
 	// rounded up (MySQL 8 cannot scope it to a statement and the first claim
-	// fails with ErrClaimTimeoutUnsupported); SQLite refuses it in New, its
+	// fails with [ErrClaimTimeoutUnsupported]); SQLite refuses it in New, its
 	// DSN's busy_timeout is the bound. New refuses one longer than the
 	// setting takes: 2,147,483,647 ms (24.8 days) on PostgreSQL,
 	// 100,000,000 s on MariaDB. Defaults to 0: wait until the other
@@ -63,25 +63,25 @@ type Config struct {
 	ClaimTimeout time.Duration
 
 	// Partitioning makes CreateSchema create a PostgreSQL table partitioned
-	// by time (Daily or Monthly), with the partitions of the current period
-	// and of the SchemaPartitionsAhead next ones, whose purge drops whole
+	// by time ([Daily] or [Monthly]), with the partitions of the current period
+	// and of the [SchemaPartitionsAhead] next ones, whose purge drops whole
 	// partitions instead of deleting rows; see package purge. It must match
-	// the table CreateSchema made. Defaults to NoPartitioning.
+	// the table CreateSchema made. Defaults to [NoPartitioning].
 	Partitioning Partitioning
 
-	// PartitionKey is the time Partitioning splits by. ProcessedAt takes
+	// PartitionKey is the time Partitioning splits by. [ProcessedAt] takes
 	// any event id, but each claim first takes a lock on the event's key so
 	// that a duplicate is found in any partition (one more round trip on
 	// database/sql, none on a pgxinbox.Store, whose batch carries it), and
-	// needs READ COMMITTED. EventIDTime claims as fast as a plain table, but
+	// needs READ COMMITTED. [EventIDTime] claims as fast as a plain table, but
 	// takes only ids that carry their time (UUIDv7, ULID). It must match the
-	// table CreateSchema made. Defaults to ProcessedAt.
+	// table CreateSchema made. Defaults to [ProcessedAt].
 	PartitionKey PartitionKey
 
 	// Fingerprints adds a nullable fingerprint column to the table
 	// CreateSchema makes (PostgreSQL bytea, MySQL VARBINARY(64), SQLite
 	// BLOB) and makes the Store an [inbox.FingerprintChecker], for the
-	// middleware's id-reuse detection (inbox.Config.Fingerprint). An
+	// middleware's id-reuse detection ([inbox.Config.Fingerprint]). An
 	// existing table needs the column added once; see SchemaSQL. Rows
 	// claimed before have no fingerprint and never count as a reused id.
 	// Defaults to false: the claim writes two columns, as it always did.
@@ -113,7 +113,7 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 }
 
-// Store records inbox claims in one table. It implements inbox.Store. It does
+// Store records inbox claims in one table. It implements [inbox.Store]. It does
 // not own the *sql.DB: close the database yourself, after Close.
 type Store struct {
 	db      *sql.DB
@@ -126,7 +126,7 @@ type Store struct {
 	claimSQL atomic.Pointer[sql.Stmt]
 	verified atomic.Bool // set by the first claim that succeeds
 	// unprepared sends the claim as a plain statement: under
-	// Config.TransactionPooling, or once a pooler lost the prepared one.
+	// [Config.TransactionPooling], or once a pooler lost the prepared one.
 	unprepared atomic.Bool
 }
 
@@ -218,7 +218,7 @@ func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
 // Claim implements [inbox.Store]: BEGIN, then the claim as the
 // transaction's first statement. The claim is a prepared statement, so after
 // the first use on a connection it costs one round trip on every driver;
-// under Config.TransactionPooling it is sent unprepared (one round trip with
+// under [Config.TransactionPooling] it is sent unprepared (one round trip with
 // the DSN settings that setting needs).
 //
 // For a duplicate with a fingerprint it reads the original's in the claim's
@@ -303,7 +303,7 @@ func (s *Store) storedFingerprint(ctx context.Context, tx *sql.Tx, consumer, eve
 }
 
 // CheckFingerprints implements [inbox.FingerprintChecker]: it fails unless
-// Config.Fingerprints is set.
+// [Config.Fingerprints] is set.
 func (s *Store) CheckFingerprints() error {
 	if !s.config.Fingerprints {
 		return fmt.Errorf("sqlinbox: %s is configured without fingerprints; set sqlinbox.Config.Fingerprints (and add the column to an existing table, see Store.SchemaSQL)", s.table)
@@ -312,7 +312,7 @@ func (s *Store) CheckFingerprints() error {
 }
 
 // claim runs the claim statement, prepared as stmt or, when stmt is nil,
-// unprepared; fingerprint is its third parameter when Config.Fingerprints
+// unprepared; fingerprint is its third parameter when [Config.Fingerprints]
 // is set (nil stores NULL).
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string, fingerprint []byte) (bool, error) {
 	if s.q.beforeClaim != "" {
@@ -363,7 +363,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 
 // claimArgs are the claim's parameters: the consumer, the event id, the
 // time inside the id on a table partitioned by it, and the fingerprint
-// under Config.Fingerprints.
+// under [Config.Fingerprints].
 func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, error) {
 	args := make([]any, 2, 4)
 	args[0], args[1] = consumer, eventID
@@ -474,9 +474,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// CheckEventID implements inbox.EventIDChecker. In UUIDEventIDs mode it
+// CheckEventID implements [inbox.EventIDChecker]. In UUIDEventIDs mode it
 // rejects ids that are not UUIDs and returns the canonical lowercase form;
-// on a table partitioned by EventIDTime it rejects ids that carry no time;
+// on a table partitioned by [EventIDTime] it rejects ids that carry no time;
 // otherwise every id passes unchanged.
 func (s *Store) CheckEventID(id string) (string, error) {
 	if s.q.idTime {

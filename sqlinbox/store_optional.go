@@ -54,7 +54,7 @@ func (s *Store) registryErr(ctx context.Context, err error) error {
 
 // CountTxWrites implements [inbox.TxWriteCounter] on a transaction of this
 // store: the middleware calls it around the first in-transaction publish of
-// each consumer, to check that inbox.Config.ProducedPublisher writes
+// each consumer, to check that [inbox.Config.ProducedPublisher] writes
 // through the transaction.
 func (s *Store) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, bool, error) {
 	t, ok := tx.(inbox.SQLTx)
@@ -70,7 +70,7 @@ func (s *Store) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, boo
 }
 
 // txWritesSQL returns the statement CountTxWrites runs, for a store that
-// sends it through another driver (maintenance.ClaimSQL), "" when the
+// sends it through another driver ([maintenance.ClaimSQL]), "" when the
 // dialect cannot count.
 func (s *Store) txWritesSQL() string {
 	if d, ok := s.dialect.(txWritesDialect); ok {
