@@ -20,7 +20,7 @@ var Drivers = []string{
 // testify and read the test servers' settings, which a program using the
 // library must not carry: no shipped package may link one.
 var TestHelpers = []string{
-	"github.com/watermill-inbox/inbox/internal/conformance",
+	"github.com/watermill-inbox/inbox/internal/conformancetest",
 	"github.com/watermill-inbox/inbox/internal/depstest",
 	"github.com/watermill-inbox/inbox/internal/servicetest",
 	"github.com/watermill-inbox/inbox/internal/testdb",
