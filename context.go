@@ -9,11 +9,10 @@ import (
 // Write the handler's effects through it: they commit together with the claim
 // or not at all. Call it with msg.Context() inside a handler behind the inbox
 // middleware; ok is false anywhere else, and when the store is not on
-// database/sql (pgxinbox.TxFromContext returns a native pgx store's
-// transaction). Do not commit or roll back
-// the transaction yourself, return an error from the handler instead. A
-// handler that succeeds without calling it is reported once per consumer
-// (see [TxNotNeeded]).
+// [database/sql] ([pgxinbox.TxFromContext] returns a native pgx store's
+// transaction). Do not commit or roll back the transaction yourself, return an
+// error from the handler instead. A handler that succeeds without calling it is
+// reported once per consumer (see [TxNotNeeded]).
 //
 // A message from a watermill-sql subscriber (v3, v4) comes with the
 // subscriber's own transaction, which watermill-sql's TxFromContext returns.
@@ -22,8 +21,13 @@ import (
 // through either commit with it.
 //
 // Called in a handler whose store hands out another kind of transaction (a
-// *pgxinbox.Store's pgx.Tx), it returns false and logs once per consumer,
-// at error level through [Config].Logger, which accessor fits the store.
+// [*pgxinbox.Store]'s [pgx.Tx]), it returns false and logs once per
+// consumer, at error level through [Config.Logger], which accessor fits the
+// store.
+//
+// [pgxinbox.TxFromContext]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#TxFromContext
+// [*pgxinbox.Store]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#Store
+// [pgx.Tx]: https://pkg.go.dev/github.com/jackc/pgx/v5#Tx
 func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 	st, ok := StoreTxAs[SQLTx](ctx, "inbox.TxFromContext")
 	return st.Tx, ok
@@ -31,8 +35,11 @@ func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 
 // StoreTxFromContext returns the transaction that holds the message's inbox
 // claim as its [Store] made it, for a store's own typed accessor (such as
-// pgxinbox.TxFromContext); handlers call that accessor, or [TxFromContext].
-// Like them, it counts as the handler taking the transaction.
+// [pgxinbox.TxFromContext]); handlers call that accessor, or
+// [TxFromContext]. Like them, it counts as the handler taking the
+// transaction.
+//
+// [pgxinbox.TxFromContext]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#TxFromContext
 func StoreTxFromContext(ctx context.Context) (StoreTx, bool) {
 	s := sessionFrom(ctx)
 	if s == nil {
@@ -44,11 +51,14 @@ func StoreTxFromContext(ctx context.Context) (StoreTx, bool) {
 
 // StoreTxAs returns the transaction that holds the message's inbox claim
 // when it is a T, for a store's typed accessor named accessor
-// (pgxinbox.TxFromContext is StoreTxAs[pgx.Tx](ctx, "pgxinbox.TxFromContext")).
-// ok is false outside an inbox transaction, and when the store's
-// transaction is not a T: a handler calling the accessor of another store,
-// which is logged once per consumer at error level, naming the accessor
-// that fits. Only a transaction returned counts as the handler taking it.
+// ([pgxinbox.TxFromContext] is StoreTxAs[pgx.Tx](ctx,
+// "pgxinbox.TxFromContext")). ok is false outside an inbox transaction, and
+// when the store's transaction is not a T: a handler calling the accessor of
+// another store, which is logged once per consumer at error level, naming
+// the accessor that fits. Only a transaction returned counts as the handler
+// taking it.
+//
+// [pgxinbox.TxFromContext]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#TxFromContext
 func StoreTxAs[T StoreTx](ctx context.Context, accessor string) (tx T, ok bool) {
 	s := sessionFrom(ctx)
 	if s == nil {
@@ -66,7 +76,7 @@ func StoreTxAs[T StoreTx](ctx context.Context, accessor string) (tx T, ok bool) 
 // deliberately writes nothing in SQL for it: its only effect is an
 // [AfterCommit] hook, or it ignores this event. The middleware then does not
 // report it for succeeding without [TxFromContext], which otherwise means
-// writes that go around the claim (see [Config].Logger). Outside an inbox
+// writes that go around the claim (see [Config.Logger]). Outside an inbox
 // transaction it does nothing.
 func TxNotNeeded(ctx context.Context) {
 	if s := sessionFrom(ctx); s != nil {
@@ -91,7 +101,7 @@ func EventIDFromContext(ctx context.Context) (eventID, consumer string, ok bool)
 // fn, the effect never happens, so record in the transaction what fn is about
 // to do and let a sweeper compensate for effects that are missing (see the
 // README). An error or a panic from fn is logged and reported in
-// [Observation].AfterCommitErr; the message is still acked because its
+// [Observation.AfterCommitErr]; the message is still acked because its
 // transaction is committed, and the hooks after fn still run. Hooks run in
 // registration order, with the message's context (cancellation removed).
 //

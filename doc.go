@@ -34,22 +34,30 @@
 //		return err
 //	}))
 //
-// The inbox must be the innermost middleware: a Retry, PoisonQueue or
-// Duplicator inside it runs in its transaction, and the writes of failed or
+// The inbox must be the innermost middleware: a [Retry], [PoisonQueue] or
+// [Duplicator] inside it runs in its transaction, and the writes of failed or
 // repeated calls commit. [ConsumerHandler] and [Handler] wrap the handler
 // function itself, so every other middleware wraps the inbox whatever the
-// order of the calls. router.AddMiddleware(mw) works too, added after every
-// other middleware (see [NewMiddleware]). Wiring mistakes visible at run time
-// fail with [ErrMiswired] or are logged through [Config].Logger.
+// order of the calls. [message.Router.AddMiddleware] works too, added after
+// every other middleware (see [NewMiddleware]). Wiring mistakes visible at run
+// time fail with [ErrMiswired] or are logged through [Config.Logger].
 //
 // Effects outside the database cannot join the transaction: write follow-up
-// events to an outbox in the same transaction ([Config].ProducedPublisher),
+// events to an outbox in the same transaction ([Config.ProducedPublisher]),
 // or accept at-most-once with [AfterCommit].
 //
-// The stores: package sqlinbox keeps the claims through database/sql
+// The stores: package [sqlinbox] keeps the claims through [database/sql]
 // (PostgreSQL, MySQL/MariaDB, SQLite) and links no database driver; package
-// pgxinbox keeps them through pgx used natively (pgxpool), with BEGIN and the
-// claim sent in one round trip, and its handlers take a pgx.Tx from
-// pgxinbox.TxFromContext. [NewMiddleware] takes either store; package purge
-// removes expired claims from either.
+// [pgxinbox] keeps them through pgx used natively (pgxpool), with BEGIN and
+// the claim sent in one round trip, and its handlers take a pgx.Tx from
+// [pgxinbox.TxFromContext]. [NewMiddleware] takes either store; package
+// [purge] removes expired claims from either.
+//
+// [Retry]: https://pkg.go.dev/github.com/ThreeDotsLabs/watermill/message/router/middleware#Retry
+// [PoisonQueue]: https://pkg.go.dev/github.com/ThreeDotsLabs/watermill/message/router/middleware#PoisonQueue
+// [Duplicator]: https://pkg.go.dev/github.com/ThreeDotsLabs/watermill/message/router/middleware#Duplicator
+// [sqlinbox]: https://pkg.go.dev/github.com/watermill-inbox/inbox/sqlinbox
+// [pgxinbox]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox
+// [pgxinbox.TxFromContext]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#TxFromContext
+// [purge]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge
 package inbox

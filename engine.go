@@ -20,13 +20,20 @@ import (
 // (consumer and event id checks, the duplicate path, rollback on error or
 // panic, after-commit hooks, the context handed to the handler and restored
 // afterwards) for every [Store], whatever its transactions are.
+//
+// This file holds the message's path; the engine's other methods are in one
+// file per facet, each named for it: the wiring checks (wiring.go), the
+// consumer's owning service (service.go), the claim pool (pool.go), the
+// observers (observe.go) and the produced publisher (producedtx.go). The
+// path calls down into them and into the session (session.go); the session
+// calls back into none of them.
 type engine struct {
 	config  Config
 	checkID func(id string) (string, error) // the store's EventIDChecker, or nil
 
 	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
 	txUseMu      sync.RWMutex
-	txUse        map[string]txUse // per consumer, for reportUnusedTx
+	txUse        map[string]txUse // per consumer, for reportUnusedTx (wiring.go)
 
 	observers []Observer // Config.Observer, inbox.Observers flattened (observe.go)
 	panics    observerPanics
@@ -39,11 +46,11 @@ type engine struct {
 
 	pool           ClaimPool // the store's, nil when its pool is not known
 	poolWaitMu     sync.Mutex
-	poolWaitLogged map[string]bool // consumers reported by poolWaitErr
+	poolWaitLogged map[string]bool // consumers reported by poolWaitErr (pool.go)
 
 	registry ConsumerRegistry // the store's, nil when unchecked
 	ownersMu sync.RWMutex
-	owners   map[string]ownership // per consumer, for checkOwner
+	owners   map[string]ownership // per consumer, for checkOwner (service.go)
 }
 
 // middleware wraps h.

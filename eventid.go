@@ -12,7 +12,7 @@ import (
 	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
-// DefaultEventIDMetadataKey is the metadata key DefaultEventID reads first.
+// DefaultEventIDMetadataKey is the metadata key [DefaultEventID] reads first.
 const DefaultEventIDMetadataKey = "event_id"
 
 // MaxEventIDLength is the longest event id accepted, in bytes. It matches the
@@ -22,7 +22,7 @@ const MaxEventIDLength = 255
 // EventIDFunc returns the stable id the producer gave an event. It must return
 // the same id for every delivery of the same event and never derive it from
 // the delivery (a timestamp, a partition offset). Return an error wrapping
-// ErrMissingEventID when the message has no id.
+// [ErrMissingEventID] when the message has no id.
 type EventIDFunc func(msg *message.Message) (string, error)
 
 // DefaultEventID reads the "event_id" metadata value and falls back to
@@ -62,7 +62,7 @@ func EventIDFromUUID(msg *message.Message) (string, error) {
 // EventIDFromJSONField reads a top-level field of a JSON object payload, for
 // producers that put the event id inside the event ({"event_id": "...", ...}).
 // The field must be a string or an integer. A payload that is not a JSON
-// object is reported as ErrMissingEventID, since no id can be found in it.
+// object is reported as [ErrMissingEventID], since no id can be found in it.
 func EventIDFromJSONField(field string) EventIDFunc {
 	return func(msg *message.Message) (string, error) {
 		var doc map[string]json.RawMessage
@@ -88,9 +88,9 @@ func EventIDFromJSONField(field string) EventIDFunc {
 }
 
 // ValidateEventID reports whether id can be stored: non-empty, at most
-// MaxEventIDLength bytes, valid UTF-8, no NUL byte (PostgreSQL text cannot
+// [MaxEventIDLength] bytes, valid UTF-8, no NUL byte (PostgreSQL text cannot
 // hold one, and other databases would silently accept what PostgreSQL
-// rejects). The error wraps ErrInvalidEventID and quotes the id, truncated.
+// rejects). The error wraps [ErrInvalidEventID] and quotes the id, truncated.
 func ValidateEventID(id string) error {
 	switch {
 	case id == "":

@@ -56,7 +56,10 @@ func Example_cqrs() {
 		log.Fatal(err)
 	}
 	err = processor.AddHandlers(cqrs.NewEventHandler("ReleaseStock", func(ctx context.Context, e *StockReserved) error {
-		tx, _ := inbox.TxFromContext(ctx)
+		tx, ok := inbox.TxFromContext(ctx)
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		_, err := tx.ExecContext(ctx, `UPDATE stock SET units = units + 1`)
 		_, consumer, _ := inbox.EventIDFromContext(ctx)
 		fmt.Println("releasing stock of", e.OrderID, "as consumer", consumer)

@@ -34,7 +34,10 @@ func ExampleConsumerHandler() {
 	attempts := 0
 	router.AddConsumerHandler("stock", "orders", pubSub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
 		attempts++
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		if _, err := tx.ExecContext(msg.Context(), `UPDATE stock SET units = units - 1`); err != nil {
 			return err
 		}

@@ -46,7 +46,10 @@ func Example() {
 		log.Fatal(err)
 	}
 	handler := mw(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return nil, inbox.ErrNotInInbox
+		}
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices (order_id) VALUES (?)`, msg.Metadata.Get("event_id"))
 		fmt.Println("invoicing", msg.Metadata.Get("event_id"))
 		return nil, err
@@ -77,7 +80,10 @@ func ExampleTxFromContext() {
 	attempts := 0
 	handler := mw(func(msg *message.Message) ([]*message.Message, error) {
 		attempts++
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return nil, inbox.ErrNotInInbox
+		}
 		if _, err := tx.ExecContext(msg.Context(), `UPDATE stock SET units = units - 1`); err != nil {
 			return nil, err
 		}

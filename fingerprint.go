@@ -48,7 +48,7 @@ func PayloadAndMetadataFingerprint(keys ...string) FingerprintFunc {
 // IDReusePolicy is what the middleware does with a duplicate whose
 // fingerprint differs from the one stored with the original: the producer
 // gave one event id to two different events, and the second would otherwise
-// be acked silently as a duplicate. Every policy reports OutcomeIDReused to
+// be acked silently as a duplicate. Every policy reports [OutcomeIDReused] to
 // the observer and never calls the handler.
 type IDReusePolicy int
 
@@ -57,8 +57,8 @@ const (
 	// duplicate: delivery goes on as without fingerprints.
 	IDReuseLog IDReusePolicy = iota
 	// IDReuseReject nacks the message with an error wrapping
-	// ErrEventIDReused, for a poison queue to take. Without one the message
-	// is redelivered forever.
+	// [ErrEventIDReused], for a poison queue to take. Without one the
+	// message is redelivered forever.
 	IDReuseReject
 	// IDReuseIgnore acks the message as a duplicate without logging; only
 	// the observer (a metric) sees it.

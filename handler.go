@@ -6,10 +6,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Handler wraps h in the inbox middleware mw (from [NewMiddleware]), for [message.Router.AddHandler]. The inbox is then
-// the innermost layer by construction: every middleware added to the router
-// or to the handler, in any order, wraps it from outside, so a Retry gets a
-// new transaction per attempt and a PoisonQueue sees the rollback. Added with
+// Handler wraps h in the inbox middleware mw (from [NewMiddleware]), for
+// [message.Router.AddHandler]. The inbox is then the innermost layer by
+// construction: every middleware added to the router or to the handler, in
+// any order, wraps it from outside, so a Retry gets a new transaction per
+// attempt and a PoisonQueue sees the rollback. Added with
 // [message.Router.AddMiddleware] instead, the inbox is only as inner as the
 // order of the calls makes it.
 //

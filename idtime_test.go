@@ -48,6 +48,32 @@ func TestTimeInEventID(t *testing.T) {
 	}
 }
 
+// An id of a ULID's shape with a character a ULID cannot hold is an
+// invalid ULID, and the error names the character and its position; other
+// ids without a time carry none.
+func TestParseTimeInEventID(t *testing.T) {
+	for id, want := range map[string]string{
+		"01FWHE4YDG000000000000000U": "is not a valid ULID: 'U' at position 26 is not in its alphabet (Crockford's base32 has no I, L, O or U)",
+		"I1FWHE4YDG0000000000000000": "is not a valid ULID: 'I' at position 1 is not in its alphabet",
+		"01fwhe4ydgo000000000000000": "is not a valid ULID: 'o' at position 11 is not in its alphabet",
+		"01FWHE4YDG00000000000000L0": "is not a valid ULID: 'L' at position 25",
+		"81FWHE4YDG0000000000000000": "is not a valid ULID: its first character, 8, is above 7: the time would not fit in 48 bits",
+		"order-1234567890123456789X": "carries no time (a UUIDv7 or a ULID does)", // 26 bytes, not a ULID's shape
+		"01FWHE4YDG00000000000000é":  "carries no time",
+		watermill.NewUUID():          "carries no time",
+		"":                           "carries no time",
+	} {
+		at, err := inbox.ParseTimeInEventID(id)
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("ParseTimeInEventID(%q) = %v, %v; want an error starting %q", id, at, err, want)
+		}
+	}
+	at, err := inbox.ParseTimeInEventID("01fwhe4ydg0000000000000000")
+	if err != nil || at.UnixMilli() != 1645557742000 {
+		t.Errorf("got %v, %v", at, err)
+	}
+}
+
 func TestEventTimeFromEventID(t *testing.T) {
 	fn := inbox.EventTimeFromEventID(inbox.DefaultEventID)
 	msg := message.NewMessage("017f22e2-79b0-7cc3-98c4-dc0c0c07398f", nil)

@@ -20,44 +20,44 @@ const MaxConsumerLength = 255
 
 // Config configures [NewMiddleware].
 type Config struct {
-	// Store records claims: a *sqlinbox.Store (database/sql) or a
+	// Store records claims: a *sqlinbox.Store ([database/sql]) or a
 	// *pgxinbox.Store (native pgx). Required.
 	Store Store
 
 	// Consumer scopes the claims: each consumer processes each event once,
 	// so several handlers can share one inbox table. Printable UTF-8, at most
-	// MaxConsumerLength bytes. Set it to keep a consumer's claims across a
-	// handler rename, when one logical consumer has several handler names
-	// (with ShareConsumer), or when the middleware runs outside a router.
-	// Renaming a consumer makes it process every event again. Defaults to
-	// the Watermill handler name of each message.
+	// [MaxConsumerLength] bytes. Set it to keep a consumer's claims across
+	// a handler rename, when one logical consumer has several handler names
+	// (with [Config.ShareConsumer]), or when the middleware runs outside a
+	// router. Renaming a consumer makes it process every event again.
+	// Defaults to the Watermill handler name of each message.
 	Consumer string
 
-	// ShareConsumer lets one fixed Consumer be reached from several handler
-	// names, which then share one claim per event: each event runs in only
-	// one of them, whichever claims it first. Defaults to false: a fixed
-	// Consumer serves the first handler name it meets, and the messages of
-	// any other fail with [ErrMiswired].
+	// ShareConsumer lets one fixed [Config.Consumer] be reached from
+	// several handler names, which then share one claim per event: each
+	// event runs in only one of them, whichever claims it first. Defaults
+	// to false: a fixed Consumer serves the first handler name it meets,
+	// and the messages of any other fail with [ErrMiswired].
 	ShareConsumer bool
 
 	// Service names the service the middleware's consumers belong to. The
-	// store's consumer registry (a table CreateSchema creates beside the
-	// inbox) records it for each consumer, once per process, before its
-	// first claim; the messages of a consumer another service registered
-	// are refused with [ErrMiswired] ([OutcomeMiswired], one error line per
-	// consumer), since two services with one consumer name (two handlers
-	// "orders" in billing and in mailing) would share one claim per event,
-	// each event running in only one of them. Replicas of a service share
-	// its name. Set it to keep a service's consumers when its main package
-	// moves, or to the same value in two binaries meant to share their
-	// consumers' events. Printable UTF-8, at most MaxConsumerLength bytes.
-	// Defaults to the main package path of the running binary
-	// (runtime/debug.ReadBuildInfo; a test binary's is the package under
-	// test); a binary built from files (go run main.go) has none, and its
-	// consumers go unchecked, which is logged once.
+	// store's consumer registry ([ConsumerRegistry], a table CreateSchema
+	// creates beside the inbox) records it for each consumer, once per
+	// process, before its first claim; the messages of a consumer another
+	// service registered are refused with [ErrMiswired] ([OutcomeMiswired],
+	// one error line per consumer), since two services with one consumer
+	// name (two handlers "orders" in billing and in mailing) would share
+	// one claim per event, each event running in only one of them. Replicas
+	// of a service share its name. Set it to keep a service's consumers
+	// when its main package moves, or to the same value in two binaries
+	// meant to share their consumers' events. Printable UTF-8, at most
+	// [MaxConsumerLength] bytes. Defaults to the main package path of the
+	// running binary ([runtime/debug.ReadBuildInfo]; a test binary's is the
+	// package under test); a binary built from files (go run main.go) has
+	// none, and its consumers go unchecked, which is logged once.
 	Service string
 
-	// EventID extracts the event id. Defaults to DefaultEventID: the
+	// EventID extracts the event id. Defaults to [DefaultEventID]: the
 	// "event_id" metadata value, else msg.UUID.
 	EventID EventIDFunc
 
@@ -88,60 +88,65 @@ type Config struct {
 	// (the router publishes them).
 	//
 	// The publisher must write through that transaction. One built on the
-	// *sql.DB, a pgx pool or a broker publishes on its own: when the COMMIT
-	// then fails (a deferred foreign key, a lost connection) the redelivery
-	// publishes again (a watermill-sql v4 publisher on the *sql.DB wrote 6
-	// outbox rows for 3 produced messages). The middleware refuses such a
-	// publisher with [ErrMiswired], and the message rolls back: before it
-	// writes, when it holds a database handle other than the transaction
-	// (watermill-sql v3 and v4 publishers, on database/sql or pgx); after
-	// the first Publish of each consumer, when it holds none the middleware
-	// can see (one reached through a closure, a broker's) and the
-	// transaction wrote no row meanwhile ([TxWriteCounter]), and from then
-	// on. Those first messages have gone out already. A store that cannot
-	// count writes (PostgreSQL with track_counts off, a store wrapping
-	// another) leaves that second case unchecked, as is a publisher that
-	// writes both through the transaction and elsewhere.
+	// [*sql.DB], a pgx pool or a broker publishes on its own: when the
+	// COMMIT then fails (a deferred foreign key, a lost connection) the
+	// redelivery publishes again (a watermill-sql v4 publisher on the
+	// *sql.DB wrote 6 outbox rows for 3 produced messages). The middleware
+	// refuses such a publisher with [ErrMiswired], and the message rolls
+	// back: before it writes, when it holds a database handle other than
+	// the transaction (watermill-sql v3 and v4 publishers, on database/sql
+	// or pgx); after the first Publish of each consumer, when it holds none
+	// the middleware can see (one reached through a closure, a broker's)
+	// and the transaction wrote no row meanwhile ([TxWriteCounter]), and
+	// from then on. Those first messages have gone out already. A store
+	// that cannot count writes (PostgreSQL with track_counts off, a store
+	// wrapping another) leaves that second case unchecked, as is a
+	// publisher that writes both through the transaction and elsewhere.
 	ProducedPublisher func(ctx context.Context) (message.Publisher, error)
 
 	// Observer, when set, is told about every message (outcome, timings),
 	// for metrics and tracing. Defaults to nil.
 	Observer Observer
 
-	// Fingerprint, when set, fingerprints every message (PayloadFingerprint
-	// hashes the payload) and stores the fingerprint with its claim, so that
-	// a duplicate whose fingerprint differs from the original's, an event id
-	// the producer reused for another event, is reported (OutcomeIDReused,
-	// OnIDReuse) instead of being acked silently. The Store must implement
-	// FingerprintChecker (sqlinbox.Config.Fingerprints). Duplicates then take
-	// one more statement; new claims cost nothing more. Defaults to nil: no
-	// fingerprints.
+	// Fingerprint, when set, fingerprints every message
+	// ([PayloadFingerprint] hashes the payload) and stores the fingerprint
+	// with its claim, so that a duplicate whose fingerprint differs from
+	// the original's, an event id the producer reused for another event, is
+	// reported ([OutcomeIDReused], [Config.OnIDReuse]) instead of being
+	// acked silently. The [Config.Store] must implement
+	// [FingerprintChecker] (sqlinbox.Config.Fingerprints). Duplicates then
+	// take one more statement; new claims cost nothing more. Defaults to
+	// nil: no fingerprints.
 	Fingerprint FingerprintFunc
 
-	// OnIDReuse is what a reused event id does, when Fingerprint is set.
-	// Defaults to IDReuseLog: logged at error level, acked as a duplicate.
+	// OnIDReuse is what a reused event id does, when [Config.Fingerprint]
+	// is set. Defaults to [IDReuseLog]: logged at error level, acked as a
+	// duplicate.
 	OnIDReuse IDReusePolicy
 
 	// MaxEventAge, when positive, treats events older than this (by
-	// EventTime) as stale: their inbox rows may have been purged, so a
-	// duplicate could not be recognised. Keep it below the purge retention;
-	// StaleEvents decides what happens to them, before any SQL. Defaults to
-	// 0: event times are not checked.
+	// [Config.EventTime]) as stale: their inbox rows may have been purged,
+	// so a duplicate could not be recognised. Keep it below the purge
+	// retention; [Config.StaleEvents] decides what happens to them, before
+	// any SQL. Defaults to 0: event times are not checked.
 	MaxEventAge time.Duration
 
 	// EventTime returns when the producer created the event; required with
-	// MaxEventAge. See EventTimeFromMetadata and EventTimeFromContext (Kafka
-	// record timestamps). Defaults to nil.
+	// [Config.MaxEventAge]. See [EventTimeFromMetadata],
+	// [EventTimeFromEventID] and [EventTimeFromContext] (Kafka record
+	// timestamps). Defaults to nil.
 	EventTime EventTimeFunc
 
-	// StaleEvents is what happens to an event older than MaxEventAge.
-	// Defaults to StaleProcess: processed, with a logged warning.
+	// StaleEvents is what happens to an event older than
+	// [Config.MaxEventAge]. Defaults to [StaleProcess]: processed, with a
+	// logged warning.
 	StaleEvents StalePolicy
 
-	// Logger receives a debug line per duplicate, errors from AfterCommit
+	// Logger receives a debug line per duplicate, errors from [AfterCommit]
 	// hooks, and the wiring mistakes only visible at run time (a handler
 	// that succeeds without [TxFromContext], a PoisonQueue inside the inbox).
-	// Pass the router's logger to see them. Defaults to watermill.NopLogger.
+	// Pass the router's logger to see them. Defaults to
+	// [watermill.NopLogger].
 	Logger watermill.LoggerAdapter
 }
 
@@ -210,7 +215,7 @@ func (c Config) validate() error {
 //
 // Behind a watermill-sql subscriber, the claim's transaction also takes the
 // place of the subscriber's for the handler (see [TxFromContext]); a pgx
-// subscriber's transaction cannot be replaced by a *sql.Tx, nor a
+// subscriber's transaction cannot be replaced by a [*sql.Tx], nor a
 // database/sql one by a pgx.Tx, and such messages are refused with
 // [ErrSubscriberTx].
 func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
@@ -244,7 +249,7 @@ func validateConsumer(name string) error {
 }
 
 // validateName checks a consumer or service name: printable UTF-8, at most
-// MaxConsumerLength bytes.
+// [MaxConsumerLength] bytes.
 func validateName(what, name string) error {
 	if len(name) > MaxConsumerLength {
 		return fmt.Errorf("%s is %d bytes, at most %d allowed: %s", what, len(name), MaxConsumerLength, errtext.Quote(name))

@@ -35,8 +35,8 @@ func flatten(o Observer) []Observer {
 	return []Observer{o}
 }
 
-// startObserver calls o.Start. A panic leaves ctx as it was and o without
-// a done callback for this message; the message goes on.
+// startObserver calls [Observer.Start] on o. A panic leaves ctx as it was and o
+// without a done callback for this message; the message goes on.
 func (e *engine) startObserver(o Observer, ctx, orig context.Context) (next context.Context, done func(Observation)) {
 	defer func() {
 		if r := recover(); r != nil {

@@ -17,7 +17,7 @@ import (
 // [pgxinbox.Store]). The middleware then never lets its claims, those of
 // every middleware on the same pool together, take the pool's last
 // connection: a handler that takes a second connection from the pool
-// (writing through the *sql.DB instead of the transaction) would otherwise
+// (writing through the [*sql.DB] instead of the transaction) would otherwise
 // wedge the consumer once every connection is held by a claim whose
 // handler waits for another, and a duplicate waiting for its original's
 // row lock holds one more. With the last connection left free, one such
@@ -33,7 +33,7 @@ import (
 // [pgxinbox.Store]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#Store
 type ClaimPool interface {
 	// ClaimPool returns the pool the claims draw their connections from
-	// (a comparable value that tells pools apart: the *sql.DB, the
+	// (a comparable value that tells pools apart: the [*sql.DB], the
 	// *pgxpool.Pool), the most connections it opens (0 for no limit), and
 	// how many callers have waited for a connection so far (-1 when the
 	// pool does not count them). The middleware calls it for every
@@ -157,7 +157,7 @@ var errPoolWait = errors.New("inbox: the handler held the pool's only connection
 
 // watchPool cancels ctx when, on a pool of one connection the handler's
 // transaction holds, a caller has waited for a connection for at least
-// PoolWaitTimeout: the handler asking for a second one waits for itself.
+// [PoolWaitTimeout]: the handler asking for a second one waits for itself.
 // At one connection, a caller that began waiting after the claim is still
 // waiting, unless it gave up: only the end of this transaction can serve
 // it.

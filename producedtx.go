@@ -9,17 +9,17 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// The publisher Config.ProducedPublisher builds must write through the
-// inbox transaction. One bound to the *sql.DB (or a pgx pool, or another
+// The publisher [Config.ProducedPublisher] builds must write through the
+// inbox transaction. One bound to the [*sql.DB] (or a pgx pool, or another
 // transaction) commits its rows on its own: with a COMMIT that then fails,
 // the redelivery publishes them again (a watermill-sql v4 publisher on the
 // pool wrote 6 outbox rows for 3 produced messages). The middleware checks
 // it two ways, neither costing a round trip on the normal path:
 //
-//   - before Publish, by looking inside the publisher for the database
-//     handle it holds (watermill-sql v3 and v4 keep theirs in a field): one
-//     holding a handle that is not the inbox transaction is refused before
-//     it writes anything;
+//   - before [message.Publisher.Publish], by looking inside the publisher
+//     for the database handle it holds (watermill-sql v3 and v4 keep theirs
+//     in a field): one holding a handle that is not the inbox transaction
+//     is refused before it writes anything;
 //   - when the publisher holds no handle it can see (one reached through a
 //     closure, a broker's publisher), by counting the rows the transaction
 //     wrote around the first Publish of each consumer, through the store
@@ -33,7 +33,7 @@ import (
 // MySQL's and MariaDB's information_schema.innodb_trx (which needs the
 // PROCESS privilege), SQLite's change count of the connection. The
 // middleware calls it around the first in-transaction publish of each
-// consumer, to check that [Config].ProducedPublisher writes through the
+// consumer, to check that [Config.ProducedPublisher] writes through the
 // transaction.
 //
 // CountTxWrites returns the count (any monotonic count of the rows tx
@@ -58,9 +58,9 @@ const (
 )
 
 // publishInTx publishes the handler's produced messages through the
-// publisher Config.ProducedPublisher builds in ctx, the handler's context,
+// publisher [Config.ProducedPublisher] builds in ctx, the handler's context,
 // whose transaction it takes; a publisher that does not write through that
-// transaction is refused with ErrMiswired.
+// transaction is refused with [ErrMiswired].
 func (e *engine) publishInTx(ctx context.Context, s *session, produced []*message.Message) error {
 	topic := message.PublishTopicFromCtx(ctx)
 	if topic == "" {
@@ -118,7 +118,7 @@ func (e *engine) publishInTx(ctx context.Context, s *session, produced []*messag
 }
 
 // bindIt says how to build the produced publisher.
-const bindIt = "Build it on the transaction of the ctx it is given: tx, _ := inbox.TxFromContext(ctx), then watermill-sql v4's sql.NewPublisher(sql.TxFromStdSQL(tx), ...) (v3: sql.NewPublisher(tx, ...)); on a pgxinbox.Store, pgxinbox.TxFromContext(ctx) and sql.TxFromPgx(tx)"
+const bindIt = "Build it on the transaction of the ctx it is given: tx, ok := inbox.TxFromContext(ctx) (return inbox.ErrNotInInbox unless ok), then watermill-sql v4's sql.NewPublisher(sql.TxFromStdSQL(tx), ...) (v3: sql.NewPublisher(tx, ...)); on a pgxinbox.Store, pgxinbox.TxFromContext(ctx) and sql.TxFromPgx(tx)"
 
 func (e *engine) publisherCheck(consumer string) publisherCheck {
 	e.publisherMu.RLock()
@@ -159,7 +159,7 @@ const maxInspected = 256
 
 // handleIn looks through pub's fields, pointers and interfaces (not its
 // maps, slices, channels or closures) for database handles. held reports
-// that one of them is tx; other names one that is not (a *sql.DB, another
+// that one of them is tx; other names one that is not (a [*sql.DB], another
 // transaction), "" when none was found.
 func handleIn(pub any, tx any) (held bool, other string) {
 	txPtr := uintptr(0)

@@ -2,10 +2,13 @@ package inbox
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // session is what the middleware puts in the message context for the
@@ -36,7 +39,7 @@ func sessionFrom(ctx context.Context) *session {
 }
 
 // afterCommit registers fn to run after the session's commit. Once the
-// transaction has ended it returns ErrTxEnded: fn would never run.
+// transaction has ended it returns [ErrTxEnded]: fn would never run.
 func (s *session) afterCommit(fn func(context.Context) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -55,4 +58,26 @@ func (s *session) end() []func(context.Context) error {
 	hooks := s.hooks
 	s.hooks = nil
 	return hooks
+}
+
+// markTxTaken records that the handler took the session's transaction.
+func (s *session) markTxTaken() { s.txTaken.Store(true) }
+
+// markTxNotNeeded records that the handler deliberately writes nothing in
+// SQL.
+func (s *session) markTxNotNeeded() { s.txNotNeeded.Store(true) }
+
+// enterHandler counts a handler call through [Handler] and refuses the
+// second one within the session.
+func (s *session) enterHandler() error {
+	if n := s.calls.Add(1); n > 1 {
+		return errCalledTwice(s, n)
+	}
+	return nil
+}
+
+// errCalledTwice is the error of a session whose handler was called n times:
+// a middleware between the inbox and the handler repeats calls.
+func errCalledTwice(s *session, n int32) error {
+	return fmt.Errorf("%w: the handler was called %d times in one inbox transaction (consumer %q, event %s): a middleware between the inbox and the handler repeats calls (Retry, Duplicator); those writes would all commit together", ErrMiswired, n, s.consumer, errtext.Quote(s.eventID))
 }

@@ -41,7 +41,7 @@ func EventTimeFromContext(fn func(ctx context.Context) (time.Time, bool)) EventT
 }
 
 // StalePolicy is what the middleware does with an event older than
-// Config.MaxEventAge. Such an event's inbox row may already have been
+// [Config.MaxEventAge]. Such an event's inbox row may already have been
 // purged, so a duplicate of it can no longer be recognised.
 type StalePolicy int
 
@@ -50,7 +50,7 @@ const (
 	// warning level) and processes the event as usual: a duplicate whose row
 	// was purged runs the handler again.
 	StaleProcess StalePolicy = iota
-	// StaleReject nacks the message with an error wrapping ErrStaleEvent,
+	// StaleReject nacks the message with an error wrapping [ErrStaleEvent],
 	// before any SQL, for a poison queue to take. Without one the message is
 	// redelivered forever.
 	StaleReject

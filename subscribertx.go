@@ -30,21 +30,15 @@ import (
 // Tests run real v3 and v4 subscribers, so that a change there fails a test.
 
 // subscriberTxLike is what a stored value must offer to be taken for a
-// transaction: *sql.Tx, and watermill-sql v4's Tx wrappers, do.
+// transaction: [*sql.Tx], and watermill-sql v4's Tx wrappers, do.
 type subscriberTxLike interface {
 	Commit() error
 	Rollback() error
 }
 
-// knownSubscriberKeys caches the keys found so far, so that a message from a
-// watermill-sql subscriber is recognised with a plain ctx.Value lookup.
-var (
-	knownSubscriberKeys atomic.Pointer[[]any]
-	knownSubscriberMu   sync.Mutex
-)
-
-// maxContexts bounds the walk up a context chain.
-const maxContexts = 1000
+// maxContexts bounds the walk up a context chain: far beyond any real one,
+// it stops a custom context whose parents loop.
+const maxContexts = 100_000
 
 // subscriberTx is the watermill-sql transaction a message came with, if
 // any: the value stored under key in its context.
@@ -53,14 +47,17 @@ type subscriberTx struct {
 	found      bool
 }
 
+// watermillSQLTx finds watermill-sql's transactions.
+var watermillSQLTx = &txFinder{isKey: isWatermillSQLKey}
+
 func lookupSubscriberTx(ctx context.Context) subscriberTx {
-	key, value, ok := findSubscriberTx(ctx, isWatermillSQLKey)
+	key, value, ok := watermillSQLTx.find(ctx)
 	return subscriberTx{key: key, value: value, found: ok}
 }
 
 // standIn returns ctx with tx, the claim's transaction as the handler writes
-// through it (a *sql.Tx or a pgx.Tx), in the subscriber's transaction's
-// place. The error, wrapping ErrSubscriberTx, is for a transaction tx cannot
+// through it (a [*sql.Tx] or a pgx.Tx), in the subscriber's transaction's
+// place. The error, wrapping [ErrSubscriberTx], is for a transaction tx cannot
 // stand in for.
 func (st subscriberTx) standIn(ctx context.Context, tx any) (context.Context, error) {
 	v, err := standIn(st.value, tx)
@@ -77,23 +74,65 @@ func isWatermillSQLKey(t reflect.Type) bool {
 		strings.HasSuffix(t.PkgPath(), "/pkg/sql")
 }
 
-// findSubscriberTx returns the key and value of a transaction stored in ctx
-// under a key whose type isKey accepts.
-func findSubscriberTx(ctx context.Context, isKey func(reflect.Type) bool) (key, value any, ok bool) {
-	if keys := knownSubscriberKeys.Load(); keys != nil {
+// txFinder finds a transaction stored in a context under a key whose type
+// isKey accepts, and remembers what it found so that the walk up the
+// context runs rarely:
+//
+//   - the keys found so far, so that a message from a watermill-sql
+//     subscriber is recognised with a plain ctx.Value lookup;
+//   - contexts whose chain holds no such transaction (clean), so that the
+//     walk for a message from another broker stops at the first of them:
+//     the subscriber's and the application's contexts every message is made
+//     on. What a message adds on top (the subscriber's and the router's
+//     values) is walked, a constant few; the depth of the context below it
+//     costs nothing after the first message.
+//
+// A context never changes its parents nor its values once made, so a clean
+// context stays clean.
+type txFinder struct {
+	isKey func(reflect.Type) bool
+	known atomic.Pointer[[]any]
+	mu    sync.Mutex // serialises writes to known
+	clean [cleanSlots]atomic.Pointer[reflect.Value]
+}
+
+// cleanSlots is how many clean contexts a txFinder remembers, one per slot
+// by the context's address: a few per subscriber, for the programs' few
+// subscribers. An entry holds its context, so no other context can take
+// its address while it stands.
+const cleanSlots = 256
+
+func (f *txFinder) find(ctx context.Context) (key, value any, ok bool) {
+	if keys := f.known.Load(); keys != nil {
 		for _, k := range *keys {
 			if v, ok := txValue(ctx, k); ok {
 				return k, v, true
 			}
 		}
 	}
-	for _, k := range contextKeys(ctx, isKey) {
+	keys, visited, unknown := f.walk(ctx)
+	for _, k := range keys {
 		if v, ok := txValue(ctx, k); ok {
-			rememberSubscriberKey(k)
+			f.remember(k)
 			return k, v, true
 		}
 	}
+	if unknown {
+		for _, v := range visited {
+			f.clean[cleanSlot(v)].Store(&v)
+		}
+	}
 	return nil, nil, false
+}
+
+func cleanSlot(v reflect.Value) uint64 {
+	return uint64(v.Pointer()) * 0x9E3779B97F4A7C15 >> 56 // Fibonacci hashing to 0..255
+}
+
+// isClean reports whether v, a pointer to a context, was found clean.
+func (f *txFinder) isClean(v reflect.Value) bool {
+	e := f.clean[cleanSlot(v)].Load()
+	return e != nil && e.Type() == v.Type() && e.Pointer() == v.Pointer()
 }
 
 func txValue(ctx context.Context, key any) (any, bool) {
@@ -107,11 +146,11 @@ func txValue(ctx context.Context, key any) (any, bool) {
 	return v, true
 }
 
-func rememberSubscriberKey(k any) {
-	knownSubscriberMu.Lock()
-	defer knownSubscriberMu.Unlock()
+func (f *txFinder) remember(k any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	var keys []any
-	if old := knownSubscriberKeys.Load(); old != nil {
+	if old := f.known.Load(); old != nil {
 		keys = append(keys, *old...)
 	}
 	for _, known := range keys {
@@ -120,23 +159,47 @@ func rememberSubscriberKey(k any) {
 		}
 	}
 	keys = append(keys, k)
-	knownSubscriberKeys.Store(&keys)
+	f.known.Store(&keys)
 }
 
 var contextType = reflect.TypeFor[context.Context]()
 
-// contextKeys walks ctx and its parents and returns a copy of every key
-// whose type isKey accepts. A parent is a field whose type is a context; the
-// standard library's contexts keep theirs in an embedded Context or in c,
-// and a struct embedded in a context (timerCtx's cancelCtx) is searched as
-// part of it. Keys are those of context.WithValue, in a field named key. Fields are only read: the keys are rebuilt from their type and
-// text, so that ctx.Value, not reflection, reads what is stored under them.
-func contextKeys(ctx context.Context, isKey func(reflect.Type) bool) []any {
-	var keys []any
+// walk walks ctx and its parents and returns a copy of every key whose
+// type f.isKey accepts, and some of the contexts it walked through: the
+// 1st, 2nd, 4th, 8th... of those that are pointers, so that a message made
+// on the same contexts meets one of them within twice the length of what
+// it adds. It does not go above a context found clean. unknown reports a
+// walk to the top that met no clean context: only then are the contexts
+// worth remembering (after the first message on them, the others meet
+// them, and remembering what each message adds would only push them out).
+// It is false too when the walk stopped at maxContexts, with the top
+// unseen.
+//
+// A parent is a field whose type is a context; the standard library's
+// contexts keep theirs in an embedded Context or in c, and a struct
+// embedded in a context (timerCtx's cancelCtx) is searched as part of it.
+// Keys are those of context.WithValue, in a field named key. Fields are
+// only read: the keys are rebuilt from their type and text, so that
+// ctx.Value, not reflection, reads what is stored under them.
+func (f *txFinder) walk(ctx context.Context) (keys []any, visited []reflect.Value, unknown bool) {
 	stack := []reflect.Value{reflect.ValueOf(ctx)}
+	pointers, metClean := 0, false
 	for n := 0; len(stack) > 0 && n < maxContexts; n++ {
 		v := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
+		for v.Kind() == reflect.Interface && !v.IsNil() {
+			v = v.Elem()
+		}
+		if v.Kind() == reflect.Pointer && !v.IsNil() {
+			if f.isClean(v) {
+				metClean = true
+				continue
+			}
+			if pointers++; pointers&(pointers-1) == 0 {
+				visited = append(visited, v)
+			}
+			v = v.Elem()
+		}
 		for (v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface) && !v.IsNil() {
 			v = v.Elem()
 		}
@@ -152,14 +215,14 @@ func contextKeys(ctx context.Context, isKey func(reflect.Type) bool) []any {
 			if fv.IsNil() {
 				continue
 			}
-			if kt := fv.Elem().Type(); isKey(kt) {
+			if kt := fv.Elem().Type(); f.isKey(kt) {
 				k := reflect.New(kt).Elem()
 				k.SetString(fv.Elem().String())
 				keys = append(keys, k.Interface())
 			}
 		}
 	}
-	return keys
+	return keys, visited, len(stack) == 0 && !metClean
 }
 
 // contextPlan lists, for one context type, the fields that hold a parent

@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -16,6 +17,16 @@ import (
 type contextKey string
 
 func isTestKey(t reflect.Type) bool { return t == reflect.TypeFor[contextKey]() }
+
+// testTx finds transactions under the package's test keys.
+var testTx = &txFinder{isKey: isTestKey}
+
+// contextKeys returns the keys a walk up ctx finds, with no context known
+// clean.
+func contextKeys(ctx context.Context, isKey func(reflect.Type) bool) []any {
+	keys, _, _ := (&txFinder{isKey: isKey}).walk(ctx)
+	return keys
+}
 
 // otherKey stands for the key types of other packages, which the walk skips.
 type otherKey string
@@ -56,7 +67,7 @@ func TestFindSubscriberTxThroughEveryContext(t *testing.T) {
 	defer cancelAfter()
 
 	require.Equal(t, []any{contextKey("tx")}, contextKeys(ctx, isTestKey))
-	key, value, ok := findSubscriberTx(ctx, isTestKey)
+	key, value, ok := testTx.find(ctx)
 	require.True(t, ok)
 	require.Equal(t, contextKey("tx"), key)
 	require.Same(t, tx, value)
@@ -64,17 +75,17 @@ func TestFindSubscriberTxThroughEveryContext(t *testing.T) {
 
 func TestFindSubscriberTxNeedsATransaction(t *testing.T) {
 	t.Parallel()
-	_, _, ok := findSubscriberTx(context.Background(), isTestKey)
+	_, _, ok := testTx.find(context.Background())
 	require.False(t, ok)
 	// The key's type, holding something else: another of the package's
 	// keys, or a nil transaction.
 	ctx := context.WithValue(context.Background(), contextKey("delay"), time.Second)
 	ctx = context.WithValue(ctx, contextKey("tx"), (*fakeTx)(nil))
-	_, _, ok = findSubscriberTx(ctx, isTestKey)
+	_, _, ok = testTx.find(ctx)
 	require.False(t, ok)
 	// Text is read from the key, not assumed.
 	ctx = context.WithValue(ctx, contextKey("transaction"), &fakeTx{})
-	key, _, ok := findSubscriberTx(ctx, isTestKey)
+	key, _, ok := testTx.find(ctx)
 	require.True(t, ok)
 	require.Equal(t, contextKey("transaction"), key)
 }
@@ -177,7 +188,7 @@ func BenchmarkSubscriberTx(b *testing.B) {
 	}{{"none", plain, false}, {"watermill-sql", withTx, true}} {
 		b.Run(c.name, func(b *testing.B) {
 			for b.Loop() {
-				if _, _, ok := findSubscriberTx(c.ctx, isTestKey); ok != c.found {
+				if _, _, ok := testTx.find(c.ctx); ok != c.found {
 					b.Fatal("wrong answer")
 				}
 			}
@@ -206,4 +217,101 @@ func TestFindSubscriberTxWhileCancelled(t *testing.T) {
 		<-done
 		cancelTimeout()
 	}
+}
+
+// deepKey is a key type no other test stores, so that no earlier lookup
+// has cached it.
+type deepKey string
+
+func isDeepKey(t reflect.Type) bool { return t == reflect.TypeFor[deepKey]() }
+
+// A transaction stored far up the context, under a thousand values and
+// more that a subscriber's caller or the application added, is found on the
+// first message, before any key was cached.
+func TestFindSubscriberTxDeepInTheContext(t *testing.T) {
+	t.Parallel()
+	tx := &fakeTx{id: 7}
+	ctx := context.WithValue(context.Background(), deepKey("tx"), tx)
+	for i := range 5000 {
+		ctx = context.WithValue(ctx, routerKey("app"), i)
+	}
+	key, value, ok := (&txFinder{isKey: isDeepKey}).find(ctx)
+	require.True(t, ok)
+	require.Equal(t, deepKey("tx"), key)
+	require.Same(t, tx, value)
+}
+
+// deepContext is a context with depth values of the application's, a
+// subscriber's and the router's on top.
+func deepContext(b *testing.B, depth int) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	for i := range depth {
+		ctx = context.WithValue(ctx, routerKey("app"), i)
+	}
+	return ctx
+}
+
+// BenchmarkSubscriberTxDepth measures the look for a subscriber's
+// transaction in a message that carries none, under an application's
+// context of 5, 50 and 500 values: the same message again and again, and
+// a new message each time (the subscriber's and the router's values on
+// the application's context, as a subscriber of another broker hands them
+// over).
+//
+//	go test -run '^$' -bench BenchmarkSubscriberTxDepth -count 5 .
+func BenchmarkSubscriberTxDepth(b *testing.B) {
+	for _, depth := range []int{5, 50, 500} {
+		base := deepContext(b, depth)
+		messages := make([]context.Context, 1024)
+		for i := range messages {
+			messages[i] = routerContext(b, func(context.Context) context.Context {
+				return context.WithValue(context.WithValue(base, routerKey("partition"), 3), routerKey("offset"), i)
+			})
+		}
+		f := &txFinder{isKey: isTestKey}
+		b.Run(fmt.Sprintf("depth=%d/same", depth), func(b *testing.B) {
+			for b.Loop() {
+				if _, _, ok := f.find(messages[0]); ok {
+					b.Fatal("wrong answer")
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("depth=%d/new", depth), func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				if _, _, ok := f.find(messages[i%len(messages)]); ok {
+					b.Fatal("wrong answer")
+				}
+			}
+		})
+	}
+}
+
+// A context found clean stops the walk of later messages made on it, and
+// hides nothing they add: a transaction above it is found, and one below
+// it, under a context of another chain, too.
+func TestFindSubscriberTxAfterACleanContext(t *testing.T) {
+	t.Parallel()
+	f := &txFinder{isKey: isTestKey}
+	base := context.WithValue(context.Background(), routerKey("app"), 1)
+	for i := range 100 {
+		base = context.WithValue(base, routerKey("app"), i)
+	}
+	for i := range 3 {
+		_, _, ok := f.find(context.WithValue(base, routerKey("offset"), i))
+		require.False(t, ok)
+	}
+	tx := &fakeTx{id: 3}
+	msg := context.WithValue(context.WithValue(base, contextKey("tx"), tx), routerKey("handler"), "h")
+	_, value, ok := f.find(msg)
+	require.True(t, ok)
+	require.Same(t, tx, value)
+	// The key is known now; a new finder still finds it by the walk.
+	_, value, ok = (&txFinder{isKey: isTestKey}).find(msg)
+	require.True(t, ok)
+	require.Same(t, tx, value)
+	// A clean context's answer does not leak to one of another chain.
+	other := context.WithValue(context.WithValue(context.Background(), contextKey("tx"), tx), routerKey("app"), 1)
+	_, _, ok = f.find(other)
+	require.True(t, ok)
 }

@@ -393,6 +393,20 @@ use_or_start() {
 }
 # min_go prints the Go version the library's go.mod requires.
 min_go() { awk '$1 == "go" { print $2; exit }' go.mod; }
+# oldest_go runs the go command of the toolchain go.mod names. Once that
+# toolchain is in the module cache it runs it from there: switching with
+# GOTOOLCHAIN re-checks the toolchain against the checksum database, which
+# needs the network whenever another download has moved the database's tree
+# since (a CI run with the network cut off).
+oldest_go() {
+	local bin
+	bin="$(go env GOMODCACHE)/golang.org/toolchain@v0.0.1-go$(min_go).$(go env GOOS)-$(go env GOARCH)/bin/go"
+	if [ -x "$bin" ]; then
+		GOTOOLCHAIN=local "$bin" "$@"
+	else
+		GOTOOLCHAIN=go$(min_go) go "$@"
+	fi
+}
 
 # Every module of the repository, the library's first.
 modules=(.)
@@ -531,7 +545,7 @@ if [ $# -eq 0 ]; then
 	step "example invoicing on PostgreSQL" quiet in_module run ./_examples/invoicing -dsn "$INBOX_TEST_POSTGRES_DSN"
 	# The library promises the Go version its go.mod names: its own tests pass
 	# with that toolchain (the module proxy serves it; CI fetches it first).
-	step "go test with go$(min_go)" env GOTOOLCHAIN=go$(min_go) go test -count=1 ./...
+	step "go test with go$(min_go)" oldest_go test -count=1 ./...
 	summary
 fi
 

@@ -7,8 +7,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // poisonReasonKey is Watermill's middleware.ReasonForPoisonedKey, the
@@ -63,10 +61,6 @@ func (e *engine) checkHandlerCall(s *session, msg *message.Message, poisonedBefo
 		return true, nil
 	}
 	return false, nil
-}
-
-func errCalledTwice(s *session, n int32) error {
-	return fmt.Errorf("%w: the handler was called %d times in one inbox transaction (consumer %q, event %s): a middleware between the inbox and the handler repeats calls (Retry, Duplicator); those writes would all commit together", ErrMiswired, n, s.consumer, errtext.Quote(s.eventID))
 }
 
 type txUse int
@@ -143,20 +137,4 @@ func storeAccessor(store Store) string {
 		t = t.Elem()
 	}
 	return path.Base(t.PkgPath()) + ".TxFromContext"
-}
-
-// markTxTaken records that the handler took the session's transaction.
-func (s *session) markTxTaken() { s.txTaken.Store(true) }
-
-// markTxNotNeeded records that the handler deliberately writes nothing in
-// SQL.
-func (s *session) markTxNotNeeded() { s.txNotNeeded.Store(true) }
-
-// enterHandler counts a handler call through inbox.Handler and refuses the
-// second one within the session.
-func (s *session) enterHandler() error {
-	if n := s.calls.Add(1); n > 1 {
-		return errCalledTwice(s, n)
-	}
-	return nil
 }

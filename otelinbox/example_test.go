@@ -8,8 +8,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	_ "modernc.org/sqlite"
 
 	inbox "github.com/watermill-inbox/inbox"
@@ -71,4 +73,28 @@ func Example() {
 	// inbox invoicing: inbox.outcome=processed
 	// inbox claim
 	// inbox invoicing: inbox.outcome=duplicate
+}
+
+// A producer's trace travels in the message metadata as a W3C traceparent;
+// ContextFromMetadata puts its span context in the message context, where
+// the inbox middleware that comes next finds the parent of its span.
+func ExampleContextFromMetadata() {
+	// In a router: router.AddMiddleware(otelinbox.ContextFromMetadata(nil)),
+	// then the inbox middleware; nil uses the global propagator.
+	mw := otelinbox.ContextFromMetadata(propagation.TraceContext{})
+	handler := mw(func(msg *message.Message) ([]*message.Message, error) {
+		sc := trace.SpanContextFromContext(msg.Context())
+		fmt.Println("trace:", sc.TraceID())
+		fmt.Println("parent span:", sc.SpanID())
+		return nil, nil
+	})
+
+	msg := message.NewMessage(watermill.NewUUID(), nil)
+	msg.Metadata.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	if _, err := handler(msg); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// trace: 4bf92f3577b34da6a3ce929d0e0e4736
+	// parent span: 00f067aa0ba902b7
 }

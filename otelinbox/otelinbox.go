@@ -28,13 +28,13 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 )
 
-// ScopeName is the instrumentation scope of the tracer, as OpenTelemetry
-// asks: the import path of this package.
+// ScopeName is the instrumentation scope of the [trace.Tracer], as
+// OpenTelemetry asks: the import path of this package.
 const ScopeName = "github.com/watermill-inbox/inbox/otelinbox"
 
-// Attribute keys set on the message span (consumer, event id, outcome,
-// duplicate, stale for an event older than [inbox.Config].MaxEventAge, and
-// after_commit_failed when an [inbox.AfterCommit] hook failed) and on the
+// Attribute keys ([attribute.Key]) set on the message span (consumer, event id,
+// outcome, duplicate, stale for an event older than [inbox.Config.MaxEventAge],
+// and after_commit_failed when an [inbox.AfterCommit] hook failed) and on the
 // claim span (consumer, event id, duplicate).
 const (
 	AttrConsumer          = attribute.Key("inbox.consumer")
@@ -65,7 +65,7 @@ type Tracer struct {
 
 var _ inbox.Observer = (*Tracer)(nil)
 
-// New returns an observer tracing every message through the inbox.
+// New returns an [inbox.Observer] tracing every message through the inbox.
 func New(config Config) *Tracer {
 	tp := config.TracerProvider
 	if tp == nil {
@@ -76,8 +76,8 @@ func New(config Config) *Tracer {
 
 // Start implements [inbox.Observer]. The span is named "inbox" at first and
 // renamed "inbox <consumer>" when the consumer is known, as the message
-// leaves: the consumer may be the handler name or [inbox.Config].Consumer, which only
-// the middleware knows.
+// leaves: the consumer may be the handler name or [inbox.Config.Consumer],
+// which only the middleware knows.
 func (t *Tracer) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
 	ctx, span := t.tracer.Start(ctx, "inbox", trace.WithSpanKind(trace.SpanKindConsumer))
 	return ctx, func(ob inbox.Observation) {
@@ -129,10 +129,10 @@ func setError(span trace.Span, err error) {
 
 // ContextFromMetadata returns a middleware that continues the trace carried
 // in the message metadata (W3C "traceparent" and friends, as written by
-// propagator.Inject on the producer side): the span context it extracts
-// becomes the parent of the inbox span. A span already in the message
-// context (from an instrumented subscriber) wins over the metadata. Add it
-// before the inbox middleware. A nil propagator means
+// [propagation.TextMapPropagator.Inject] on the producer side): the span
+// context it extracts becomes the parent of the inbox span. A span already in
+// the message context (from an instrumented subscriber) wins over the metadata.
+// Add it before the inbox middleware. A nil propagator means
 // [otel.GetTextMapPropagator], read per message.
 func ContextFromMetadata(propagator propagation.TextMapPropagator) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {

@@ -46,7 +46,10 @@ func Example() {
 	}
 	router.AddMiddleware(middleware.Recoverer)
 	invoicing := func(msg *message.Message) error {
-		tx, _ := pgxinbox.TxFromContext(msg.Context()) // a pgx.Tx
+		tx, ok := pgxinbox.TxFromContext(msg.Context()) // a pgx.Tx
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
 		_, err := tx.Exec(msg.Context(), `INSERT INTO invoices (order_id) VALUES ($1)`, msg.UUID)
 		return err
 	}

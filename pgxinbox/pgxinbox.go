@@ -1,8 +1,8 @@
 // Package pgxinbox keeps the inbox's claims in PostgreSQL through pgx used
-// natively (pgx/v5 and pgxpool) rather than through database/sql. Its [Store]
-// goes to [inbox.NewMiddleware] like any store and keeps every guarantee of
-// the database/sql one, at no extra round trip: BEGIN and the claim travel
-// to PostgreSQL together.
+// natively ([pgx] and [pgxpool]) rather than through [database/sql]. Its
+// [Store] goes to [inbox.NewMiddleware] like any store and keeps every
+// guarantee of the database/sql one ([sqlinbox.Store]), at no extra round
+// trip: BEGIN and the claim travel to PostgreSQL together.
 //
 //	pool, err := pgxpool.New(ctx, dsn)
 //	store, err := pgxinbox.NewStore(pool, sqlinbox.Config{})
@@ -38,8 +38,8 @@ import (
 // handler behind the inbox middleware, and when the store is not a [Store].
 // Do not commit or roll back the transaction yourself, return an error from
 // the handler instead. Called behind a database/sql store (a
-// *sqlinbox.Store), it returns false and logs once per consumer, at error
-// level through inbox.Config.Logger, that inbox.TxFromContext fits.
+// [*sqlinbox.Store]), it returns false and logs once per consumer, at error
+// level through [inbox.Config.Logger], that [inbox.TxFromContext] fits.
 func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
 	return inbox.StoreTxAs[pgx.Tx](ctx, "pgxinbox.TxFromContext")
 }

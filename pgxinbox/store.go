@@ -18,15 +18,15 @@ import (
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
-// Store records inbox claims in PostgreSQL through a pgx connection pool,
-// without database/sql. Its claim sends BEGIN and the claim's INSERT to the
-// server together, in one round trip, where database/sql spends one on BEGIN
-// and one on the INSERT: behind the inbox a handler then makes exactly as
-// many round trips as without it. Give it to [inbox.NewMiddleware] as any
-// store; handlers take the transaction with [TxFromContext].
+// Store records inbox claims in PostgreSQL through a pgx connection pool
+// ([pgxpool.Pool]), without database/sql. Its claim sends BEGIN and the claim's
+// INSERT to the server together, in one round trip, where database/sql spends
+// one on BEGIN and one on the INSERT: behind the inbox a handler then makes
+// exactly as many round trips as without it. Give it to [inbox.NewMiddleware]
+// as any store; handlers take the transaction with [TxFromContext].
 //
-// Everything but the claim (CreateSchema, the purge) runs through
-// database/sql on connections of the same pool, with the SQL of a
+// Everything but the claim ([Store.CreateSchema], the purge) runs through
+// [database/sql] on connections of the same pool, with the SQL of a
 // [sqlinbox.Store] configured alike.
 type Store struct {
 	sql      *sqlinbox.Store
@@ -48,7 +48,7 @@ var (
 	_ inbox.ClaimPool          = (*Store)(nil)
 )
 
-// NewStore returns a Store for pool, configured as a [sqlinbox.Store]:
+// NewStore returns a [Store] for pool, configured as a [sqlinbox.Store]:
 // config.Dialect may be left empty (PostgreSQL is the only dialect pgx
 // speaks). Closing the store does not close the pool.
 func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
@@ -109,9 +109,11 @@ func (s *Store) SchemaStatements() []string { return s.sql.SchemaStatements() }
 // AddFingerprintColumnSQL is [sqlinbox.Store.AddFingerprintColumnSQL].
 func (s *Store) AddFingerprintColumnSQL() string { return s.sql.AddFingerprintColumnSQL() }
 
-// Maintenance is [sqlinbox.Store.Maintenance], for package purge and the
+// Maintenance is [sqlinbox.Store.Maintenance], for package [purge] and the
 // inbox command; its type is internal to this module and may change in any
 // release.
+//
+// [purge]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge
 func (s *Store) Maintenance() maintenance.Store { return s.sql.Maintenance() }
 
 // OldestClaim is [sqlinbox.Store.OldestClaim].
@@ -263,8 +265,9 @@ func poolerSafe(mode pgx.QueryExecMode) bool {
 	return false
 }
 
-// txOptions maps database/sql transaction options ([inbox.Config].TxOptions)
-// to pgx's, as pgx's own database/sql driver does.
+// txOptions maps database/sql transaction options ([inbox.Config.TxOptions])
+// to pgx's ([pgx.TxOptions]), as pgx's own database/sql driver ([stdlib])
+// does.
 func txOptions(opts *sql.TxOptions) (pgx.TxOptions, error) {
 	var o pgx.TxOptions
 	if opts == nil {

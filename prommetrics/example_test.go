@@ -3,11 +3,13 @@ package prommetrics_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -16,6 +18,7 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/prommetrics"
+	"github.com/watermill-inbox/inbox/purge"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -56,25 +59,58 @@ func Example() {
 		}
 	}
 
+	printCounters(reg, "watermill_inbox_messages_total")
+	// Output:
+	// watermill_inbox_messages_total{consumer="invoicing",outcome="duplicate"} 2
+	// watermill_inbox_messages_total{consumer="invoicing",outcome="processed"} 1
+}
+
+// PurgeRound is the purge's OnRound hook for one table: each round counts
+// as done, skipped (another instance held the purge lock) or failed, and
+// the rows it removed add up. Three rounds are reported by hand here.
+func ExampleMetrics_PurgeRound() {
+	reg := prometheus.NewRegistry()
+	metrics, err := prommetrics.New(reg, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	// purge.New(store, purge.Config{Retention: r, OnRound: onRound}) calls
+	// it after every round, Run's included.
+	onRound := metrics.PurgeRound("watermill_inbox")
+	onRound(1200, 2*time.Second, nil)
+	onRound(0, 0, fmt.Errorf("purge: held by PostgreSQL backend 4242: %w", purge.ErrSkipped))
+	onRound(0, time.Second, errors.New("purge: connection refused"))
+
+	printCounters(reg, "watermill_inbox_purge_")
+	// Output:
+	// watermill_inbox_purge_rounds_total{result="done",table="watermill_inbox"} 1
+	// watermill_inbox_purge_rounds_total{result="failed",table="watermill_inbox"} 1
+	// watermill_inbox_purge_rounds_total{result="skipped",table="watermill_inbox"} 1
+	// watermill_inbox_purge_rows_deleted_total{table="watermill_inbox"} 1200
+}
+
+// printCounters prints the counters of reg whose name starts with prefix,
+// as Prometheus's text format writes them.
+func printCounters(reg *prometheus.Registry, prefix string) {
 	families, err := reg.Gather()
 	if err != nil {
 		log.Fatal(err)
 	}
 	for _, f := range families {
-		if f.GetName() != "watermill_inbox_messages_total" {
+		if !strings.HasPrefix(f.GetName(), prefix) {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
+			if m.GetCounter() == nil {
+				continue
 			}
-			fmt.Printf("%s{consumer=%q,outcome=%q} %v\n", f.GetName(), labels["consumer"], labels["outcome"], m.GetCounter().GetValue())
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			fmt.Printf("%s{%s} %v\n", f.GetName(), strings.Join(labels, ","), m.GetCounter().GetValue())
 		}
 	}
-	// Output:
-	// watermill_inbox_messages_total{consumer="invoicing",outcome="duplicate"} 2
-	// watermill_inbox_messages_total{consumer="invoicing",outcome="processed"} 1
 }
 
 // Rules is a rule file for Prometheus. Write it where rule_files points, with

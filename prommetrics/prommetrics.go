@@ -8,17 +8,17 @@
 //	metrics, err := prommetrics.New(nil, "") // default registerer, namespace "watermill_inbox"
 //	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Observer: metrics})
 //
-// Create one Metrics per registerer and share it between every middleware of
-// the process: the series are labelled by consumer, and registering the same
-// metric names twice fails.
+// Create one [Metrics] per [prometheus.Registerer] and share it between every
+// middleware of the process: the series are labelled by consumer, and
+// registering the same metric names twice fails.
 //
 // What to alert on: a rate of outcome="claim_failed" or "commit_failed"
 // (the database is unhealthy), outcome="in_flight" (two copies of an event
 // raced and one waited past the claim timeout), outcome="missing_id" or
 // "invalid_id" (a producer sends messages the inbox cannot key),
 // outcome="id_reused" (a producer gave one event id to two different events,
-// see [inbox.Config].Fingerprint), outcome="stale" (events older than
-// [inbox.Config].MaxEventAge rejected or skipped), stale_events_total (every
+// see [inbox.Config.Fingerprint]), outcome="stale" (events older than
+// [inbox.Config.MaxEventAge] rejected or skipped), stale_events_total (every
 // event older than MaxEventAge, those processed under [inbox.StaleProcess]
 // included: their duplicates may have gone unnoticed),
 // after_commit_failures_total ([inbox.AfterCommit] hooks that failed or
@@ -72,7 +72,7 @@ var (
 // New creates the metrics and registers them with reg, so that they appear
 // as soon as a message or a purge is observed. A nil reg means
 // [prometheus.DefaultRegisterer]; an empty namespace means [DefaultNamespace].
-// Registering twice with one registry fails: share the returned Metrics.
+// Registering twice with one registry fails: share the returned [Metrics].
 func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 	if reg == nil {
 		reg = prometheus.DefaultRegisterer
@@ -167,8 +167,11 @@ func (m *Metrics) PurgeRound(table string) func(deleted int64, took time.Duratio
 	return func(deleted int64, took time.Duration, err error) { m.ObservePurge(table, deleted, took, err) }
 }
 
-// ObservePurge records one purge round of table: what purge.Purger.PurgeOnce
-// returned and how long it took. [Metrics.PurgeRound] calls it from the purge's hook.
+// ObservePurge records one purge round of table: what
+// [purge.Purger.PurgeOnce] returned and how long it took.
+// [Metrics.PurgeRound] calls it from the purge's hook.
+//
+// [purge.Purger.PurgeOnce]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge#Purger.PurgeOnce
 func (m *Metrics) ObservePurge(table string, deleted int64, d time.Duration, err error) {
 	switch {
 	case skipped(err):
@@ -202,8 +205,11 @@ func skipped(err error) bool {
 	return errors.As(err, &s) && s.Skipped()
 }
 
-// OldestClaimer is a store that can tell its oldest row: sqlinbox.Store and
-// pgxinbox.Store.
+// OldestClaimer is a store that can tell its oldest row: [sqlinbox.Store] and
+// [pgxinbox.Store].
+//
+// [sqlinbox.Store]: https://pkg.go.dev/github.com/watermill-inbox/inbox/sqlinbox#Store
+// [pgxinbox.Store]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#Store
 type OldestClaimer interface {
 	Table() string
 	OldestClaim(ctx context.Context) (oldest time.Time, ok bool, err error)
@@ -224,10 +230,12 @@ const OldestTimeout = 5 * time.Second
 //     (the database unreachable, the table missing, the user not allowed
 //     to read it).
 //
-// A failed read does not fail the scrape: with promhttp's default
-// HandlerOpts an error would answer the whole scrape with HTTP 500, and
-// during a database outage the claim failures that should raise an alert
+// A failed read does not fail the scrape: with the default
+// [promhttp.HandlerOpts] an error would answer the whole scrape with HTTP 500,
+// and during a database outage the claim failures that should raise an alert
 // would not reach Prometheus either. Call it once per table.
+//
+// [promhttp.HandlerOpts]: https://pkg.go.dev/github.com/prometheus/client_golang/prometheus/promhttp#HandlerOpts
 func (m *Metrics) WatchOldest(store OldestClaimer) error {
 	labels := prometheus.Labels{"table": store.Table()}
 	c := &oldestCollector{

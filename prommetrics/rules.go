@@ -11,10 +11,12 @@ import _ "embed" // Rules
 // PrometheusRule.
 //
 // Edit it first: WatermillInboxPurgeStopped assumes a 14-day retention (set
-// it to your purge.Config.Retention plus slack), and the metric names assume
+// it to your [purge.Config.Retention] plus slack), and the metric names assume
 // [DefaultNamespace]: when [New] was given another namespace, replace every
-// "watermill_inbox" in it with that namespace (strings.ReplaceAll), which
+// "watermill_inbox" in it with that namespace ([strings.ReplaceAll]), which
 // renames the recording rules too.
+//
+// [purge.Config.Retention]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge#Config.Retention
 //
 //go:embed rules/rules.yml
 var Rules string

@@ -5,7 +5,8 @@
 // broker's retention (Kafka keeps topics 7 or 14 days by default, and an
 // operator can replay them) plus every retry horizon in between. Purge a row
 // earlier and the next copy of that event is processed again. The purge
-// therefore refuses retentions below MinRetention unless told otherwise.
+// therefore refuses retentions below [Config.MinRetention] unless told
+// otherwise.
 //
 // The work is bounded so live claims do not stall: rows are deleted oldest
 // first in batches through the processed_at index, each statement under a
@@ -15,13 +16,15 @@
 // a connection of its own, so the lock cannot outlive the round, even
 // behind a transaction-pooling proxy or when the process is killed); the
 // others skip the round, saying who holds the lock and since when. On a
-// partitioned PostgreSQL table (sqlinbox.Config.Partitioning) the purge
+// partitioned PostgreSQL table ([sqlinbox.Config.Partitioning]) the purge
 // creates partitions ahead of time and drops whole expired partitions.
 // Before its first delete a purger checks that the table's times compare
-// correctly with its cutoff (ErrTableMismatch).
+// correctly with its cutoff ([ErrTableMismatch]).
 //
 //	p, err := purge.New(store, purge.Config{Retention: 14 * 24 * time.Hour, Logger: logger})
 //	go p.Run(ctx) // or: deleted, err := p.PurgeOnce(ctx) from cron (inbox purge, cmd/inbox)
+//
+// [sqlinbox.Config.Partitioning]: https://pkg.go.dev/github.com/watermill-inbox/inbox/sqlinbox#Config.Partitioning
 package purge
 
 import (
@@ -39,29 +42,30 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// Defaults of Config.
+// Defaults of [Config].
 const (
 	// DefaultMinRetention is the shortest retention accepted without
-	// AllowShortRetention. A day covers redeliveries after a crash, a
-	// rebalance or a relay retry; it does not cover a broker that keeps
-	// messages for a week, so set Retention from your broker's retention.
+	// [Config.AllowShortRetention]. A day covers redeliveries after a
+	// crash, a rebalance or a relay retry; it does not cover a broker that
+	// keeps messages for a week, so set [Config.Retention] from your
+	// broker's retention.
 	DefaultMinRetention = 24 * time.Hour
 	// DefaultBatchSize is how many rows one DELETE removes at most: large
 	// enough that a million rows take a few hundred statements, small enough
 	// that each holds its row locks and WAL for milliseconds.
 	DefaultBatchSize = 5000
-	// DefaultSQLiteBatchSize replaces DefaultBatchSize on SQLite, whose one
-	// write lock every claim waits for while a batch holds it: a batch of
-	// 1,000 rows holds it for a few milliseconds, one of 5,000 for tens.
+	// DefaultSQLiteBatchSize replaces [DefaultBatchSize] on SQLite, whose
+	// one write lock every claim waits for while a batch holds it: a batch
+	// of 1,000 rows holds it for a few milliseconds, one of 5,000 for tens.
 	DefaultSQLiteBatchSize = 1000
 	// MinBatchSize is the smallest batch the purge shrinks to after
 	// statement timeouts; a timeout at this size fails the round.
 	MinBatchSize = 100
-	// MaxBatchSize is the largest BatchSize New takes, on every dialect:
-	// ten times the default. A batch holds its row locks (on SQLite the
-	// database's only write lock) and its undo or WAL until it commits,
-	// and claims wait behind it; a larger one is the huge DELETE the
-	// batches exist to avoid.
+	// MaxBatchSize is the largest [Config.BatchSize] [New] takes, on every
+	// dialect: ten times the default. A batch holds its row locks (on
+	// SQLite the database's only write lock) and its undo or WAL until it
+	// commits, and claims wait behind it; a larger one is the huge DELETE
+	// the batches exist to avoid.
 	MaxBatchSize = 50_000
 	// DefaultStatementTimeout bounds one batch's DELETE.
 	DefaultStatementTimeout = 10 * time.Second
@@ -69,7 +73,7 @@ const (
 	// is random between half of it and all of it), leaving the database
 	// room for live claims.
 	DefaultBatchPause = 100 * time.Millisecond
-	// DefaultInterval is the time between two rounds of Run.
+	// DefaultInterval is the time between two rounds of [Purger.Run].
 	DefaultInterval = 10 * time.Minute
 	// DefaultPartitionsAhead is how many future partitions a round keeps
 	// ready on a partitioned table.
@@ -79,17 +83,19 @@ const (
 	DefaultLockTimeout = time.Second
 )
 
-// ErrSkipped is returned by PurgeOnce and DryRun when another purge of the
-// same table holds the purge lock (in this or another process). Nothing was
-// done, and nothing needs doing: that purge is doing the work. Run and
-// the inbox command (inbox purge) treat it as success. The error returned
-// wraps it with the lock's holder and, where the database tells, how long
-// it has held the lock.
+// ErrSkipped is returned by [Purger.PurgeOnce] and [Purger.DryRun] when
+// another purge of the same table holds the purge lock (in this or another
+// process). Nothing was done, and nothing needs doing: that purge is doing
+// the work. [Purger.Run] and the inbox command (inbox purge) treat it as
+// success. The error returned wraps it with the lock's holder and, where
+// the database tells, how long it has held the lock.
 //
-// Test for it with errors.Is. Its type also has a method Skipped() bool
+// Test for it with [errors.Is]. Its type also has a method Skipped() bool
 // that returns true, for code that must not import this package (and the
-// store packages behind it): prommetrics finds it with errors.As, as one
-// finds net.Error's Timeout.
+// store packages behind it): [prommetrics] finds it with [errors.As], as
+// one finds [net.Error]'s Timeout.
+//
+// [prommetrics]: https://pkg.go.dev/github.com/watermill-inbox/inbox/prommetrics
 var ErrSkipped error = skippedError{}
 
 type skippedError struct{}
@@ -100,25 +106,28 @@ func (skippedError) Error() string { return "purge: another purge of this table 
 // table was running.
 func (skippedError) Skipped() bool { return true }
 
-// ErrTableMismatch is returned by PurgeOnce and DryRun, before anything is
-// deleted, when the table's times cannot be compared correctly with the
-// purge's cutoff: a time column of the wrong type (MySQL TIMESTAMP instead
-// of DATETIME(6), PostgreSQL timestamp without time zone) or, on SQLite,
-// rows whose processed_at is text in another form than the one the
-// column's default writes. Purging such a table would delete rows still
-// inside the retention. The error says what is wrong and how to migrate;
-// a purger checks again each round until the table passes, then never
-// again. Test for it with errors.Is.
+// ErrTableMismatch is returned by [Purger.PurgeOnce] and [Purger.DryRun],
+// before anything is deleted, when the table's times cannot be compared
+// correctly with the purge's cutoff: a time column of the wrong type (MySQL
+// TIMESTAMP instead of DATETIME(6), PostgreSQL timestamp without time zone) or,
+// on SQLite, rows whose processed_at is text in another form than the one the
+// column's default writes. Purging such a table would delete rows still inside
+// the retention. The error says what is wrong and how to migrate; a purger
+// checks again each round until the table passes, then never again. Test for it
+// with [errors.Is].
 var ErrTableMismatch = maintenance.ErrTableMismatch
 
-// Store is an inbox store the purge can maintain: a *sqlinbox.Store or a
-// *pgxinbox.Store. Its method returns a type internal to this module, so
+// Store is an inbox store the purge can maintain: a [*sqlinbox.Store] or a
+// [*pgxinbox.Store]. Its method returns a type internal to this module, so
 // only the library's stores implement it.
+//
+// [*sqlinbox.Store]: https://pkg.go.dev/github.com/watermill-inbox/inbox/sqlinbox#Store
+// [*pgxinbox.Store]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#Store
 type Store interface {
 	Maintenance() maintenance.Store
 }
 
-// Config configures New.
+// Config configures [New].
 type Config struct {
 	// Retention is how long a row is kept after its message was processed
 	// (on a table partitioned by sqlinbox.EventIDTime: after the time inside
@@ -128,60 +137,61 @@ type Config struct {
 	// safe default, since it depends on your broker.
 	Retention time.Duration
 
-	// ConsumerRetention overrides Retention for some consumers (by
+	// ConsumerRetention overrides [Config.Retention] for some consumers (by
 	// consumer name); consumers not listed keep Retention. Each value is
-	// checked against MinRetention too. Not available on a partitioned
-	// table, where a dropped partition takes every consumer's rows.
-	// Defaults to none.
+	// checked against [Config.MinRetention] too. Not available on a
+	// partitioned table, where a dropped partition takes every consumer's
+	// rows. Defaults to none.
 	ConsumerRetention map[string]time.Duration
 
 	// MinRetention is the floor below which a retention is refused.
-	// Defaults to DefaultMinRetention.
+	// Defaults to [DefaultMinRetention].
 	MinRetention time.Duration
 
-	// AllowShortRetention accepts retentions below MinRetention, for tests
-	// and for brokers that provably never redeliver after that long.
-	// Defaults to false.
+	// AllowShortRetention accepts retentions below [Config.MinRetention],
+	// for tests and for brokers that provably never redeliver after that
+	// long. Defaults to false.
 	AllowShortRetention bool
 
-	// BatchSize is the most rows one DELETE removes, from MinBatchSize to
-	// MaxBatchSize. Defaults to DefaultBatchSize, DefaultSQLiteBatchSize on
-	// SQLite.
+	// BatchSize is the most rows one DELETE removes, from [MinBatchSize] to
+	// [MaxBatchSize]. Defaults to [DefaultBatchSize],
+	// [DefaultSQLiteBatchSize] on SQLite.
 	BatchSize int
 
 	// StatementTimeout bounds each DELETE; after a timeout the batch is
-	// halved (down to MinBatchSize) and grows back slowly. New refuses one
-	// longer than the database takes: 2,147,483,647 ms on PostgreSQL, a
+	// halved (down to [MinBatchSize]) and grows back slowly. [New] refuses
+	// one longer than the database takes: 2,147,483,647 ms on PostgreSQL, a
 	// year on MariaDB (MySQL 8 and SQLite have no statement timeout for a
 	// DELETE and ignore it; on SQLite a batch waits for the write lock as
-	// long as the DSN's busy_timeout). Defaults to DefaultStatementTimeout.
+	// long as the DSN's busy_timeout). Defaults to
+	// [DefaultStatementTimeout].
 	StatementTimeout time.Duration
 
 	// BatchPause is the longest pause between batches. Defaults to
-	// DefaultBatchPause.
+	// [DefaultBatchPause].
 	BatchPause time.Duration
 
-	// Interval is the time between rounds of Run. Defaults to
-	// DefaultInterval.
+	// Interval is the time between rounds of [Purger.Run]. Defaults to
+	// [DefaultInterval].
 	Interval time.Duration
 
 	// PartitionsAhead is how many partitions after the current one each
 	// round creates on a partitioned table, so that rows rarely fall into
 	// the default partition. Run the purge more often than that many
-	// periods. Defaults to DefaultPartitionsAhead.
+	// periods. Defaults to [DefaultPartitionsAhead].
 	PartitionsAhead int
 
 	// LockTimeout bounds the wait for the table lock when creating or
 	// dropping a partition; a partition that times out is logged and
 	// retried next round, without failing this one. At most
 	// 2,147,483,647 ms (PostgreSQL's lock_timeout). Defaults to
-	// DefaultLockTimeout.
+	// [DefaultLockTimeout].
 	LockTimeout time.Duration
 
 	// OnRound, when set, is called after every round, Run's included, with
-	// what PurgeOnce returns and how long it took: the hook for metrics,
-	// such as a prommetrics.Metrics' ObservePurge with the table bound.
-	// Defaults to nil.
+	// what [Purger.PurgeOnce] returns and how long it took: the hook for
+	// metrics, such as a prommetrics.Metrics' ObservePurge with the table
+	// bound. Defaults to nil.
 	OnRound func(deleted int64, took time.Duration, err error)
 
 	// OnPartitionsBlocked, when set, is called after every round on a
@@ -204,7 +214,7 @@ type Config struct {
 
 	// Logger receives one line per round (rows deleted, duration,
 	// partitions created and dropped) and errors of Run's rounds.
-	// Defaults to watermill.NopLogger.
+	// Defaults to [watermill.NopLogger].
 	Logger watermill.LoggerAdapter
 }
 
@@ -296,7 +306,7 @@ func (c Config) checkRetention(field string, d time.Duration) error {
 }
 
 // Purger removes expired inbox rows from one table. Its methods are safe for
-// concurrent use; concurrent rounds skip (ErrSkipped).
+// concurrent use; concurrent rounds skip ([ErrSkipped]).
 type Purger struct {
 	store  maintenance.Store
 	config Config
@@ -308,7 +318,7 @@ type Purger struct {
 	checked bool            // the table passed CheckTable; guarded by running
 }
 
-// New validates config and returns a Purger for store's table. It does not
+// New validates config and returns a [Purger] for store's table. It does not
 // touch the database.
 func New(store Store, config Config) (*Purger, error) {
 	var m maintenance.Store
@@ -334,7 +344,7 @@ func New(store Store, config Config) (*Purger, error) {
 // PurgeOnce runs one round: on a partitioned table it creates the coming
 // partitions and drops expired ones, then it deletes expired rows in batches
 // until none is left. It returns the rows removed (dropped partitions
-// included), and ErrSkipped when another purge of the table is running.
+// included), and [ErrSkipped] when another purge of the table is running.
 func (p *Purger) PurgeOnce(ctx context.Context) (int64, error) {
 	start := time.Now()
 	n, err := p.purgeOnce(ctx)
@@ -416,7 +426,7 @@ func (p *Purger) checkTable(ctx context.Context, sess maintenance.PurgeSession) 
 }
 
 // logSkipped logs a skipped round, with what the database tells of the
-// round holding the lock (busy is nil for a round of this Purger).
+// round holding the lock (busy is nil for a round of this [Purger]).
 func (p *Purger) logSkipped(busy *maintenance.Busy) {
 	fields := watermill.LogFields{"table": p.store.Table()}
 	if busy != nil {
@@ -430,14 +440,14 @@ func (p *Purger) logSkipped(busy *maintenance.Busy) {
 	p.config.Logger.Info("Inbox purge skipped: another purge of this table is running", fields)
 }
 
-// skipped is ErrSkipped saying who holds the lock and, where the database
+// skipped is [ErrSkipped] saying who holds the lock and, where the database
 // tells, for how long: a lock held for hours is a round stuck, not one
 // under way.
 func skipped(busy *maintenance.Busy) error {
 	return fmt.Errorf("%w: %s", ErrSkipped, busy)
 }
 
-// round accumulates what one PurgeOnce did, for its log line.
+// round accumulates what one [Purger.PurgeOnce] did, for its log line.
 type round struct {
 	deleted, droppedRows int64
 	batches, timeouts    int
@@ -520,7 +530,7 @@ var errPartitionBlocked = errors.New("the default partition holds rows of the pa
 // reportBlocked logs each partition that could not be created, as an
 // error the first round it is seen (later rounds at info level), and,
 // when the round created its partitions (complete), hands the list to
-// OnPartitionsBlocked.
+// [Config.OnPartitionsBlocked].
 func (p *Purger) reportBlocked(blocked []maintenance.Partition, complete bool) {
 	names := []string{}
 	seen := map[string]bool{}
@@ -546,7 +556,8 @@ func (p *Purger) reportBlocked(blocked []maintenance.Partition, complete bool) {
 }
 
 // dropExpired drops the partitions whose every row is past the retention.
-// PurgeOnce reports their rows (counted just before the drop) as removed.
+// [Purger.PurgeOnce] reports their rows (counted just before the drop) as
+// removed.
 func (p *Purger) dropExpired(ctx context.Context, sess maintenance.PurgeSession, r *round) error {
 	expired, err := sess.ExpiredPartitions(ctx, p.config.Retention)
 	if err != nil {
@@ -588,9 +599,9 @@ func (p *Purger) logLockTimeout(what string, part maintenance.Partition) {
 	})
 }
 
-// DryRun returns, per consumer, how many rows PurgeOnce would remove now,
-// and removes nothing. It takes the purge lock like a round, so it returns
-// ErrSkipped while another purge runs.
+// DryRun returns, per consumer, how many rows [Purger.PurgeOnce] would remove
+// now, and removes nothing. It takes the purge lock like a round, so it returns
+// [ErrSkipped] while another purge runs.
 func (p *Purger) DryRun(ctx context.Context) (map[string]int64, error) {
 	if !p.running.TryLock() {
 		return nil, ErrSkipped
@@ -636,9 +647,9 @@ func (p *Purger) DryRun(ctx context.Context) (map[string]int64, error) {
 	return total, nil
 }
 
-// Run purges every Interval, starting at once, until ctx is done; then it
-// returns nil. A failed round is logged and retried at the next interval;
-// ErrSkipped rounds are normal when several instances run the purge.
+// Run purges every [Config.Interval], starting at once, until ctx is done; then
+// it returns nil. A failed round is logged and retried at the next interval;
+// [ErrSkipped] rounds are normal when several instances run the purge.
 func (p *Purger) Run(ctx context.Context) error {
 	for {
 		_, _ = p.PurgeOnce(ctx) // it logs its outcome; the next round retries

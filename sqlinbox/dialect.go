@@ -3,9 +3,7 @@ package sqlinbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -17,9 +15,9 @@ type Dialect interface {
 	// queries builds every statement once, when the Store is created.
 	queries(t tableName, c Config) queries
 	// classify turns a driver error into one the middleware understands
-	// (lock and busy timeouts wrap inbox.ErrInFlight); others pass through.
+	// (lock and busy timeouts wrap [inbox.ErrInFlight]); others pass through.
 	classify(err error) error
-	// claimTimeoutLimit is the longest Config.ClaimTimeout the database's
+	// claimTimeoutLimit is the longest [Config.ClaimTimeout] the database's
 	// setting takes, and that setting; 0 where ClaimTimeout is refused
 	// anyway.
 	claimTimeoutLimit() (time.Duration, string)
@@ -48,10 +46,10 @@ type queries struct {
 	claim string
 	// idTime makes the time inside the event id the claim's third
 	// parameter (and the fingerprint read's), before the fingerprint: the
-	// partition key of a table partitioned by EventIDTime.
+	// partition key of a table partitioned by [EventIDTime].
 	idTime bool
 	// fingerprint reads the fingerprint stored with (consumer, event_id),
-	// for a duplicate under Config.Fingerprints. claim then takes the
+	// for a duplicate under [Config.Fingerprints]. claim then takes the
 	// fingerprint as its third parameter.
 	fingerprint string
 	// addFingerprint adds the fingerprint column to an existing table.
@@ -77,21 +75,3 @@ type queries struct {
 	// registry is the consumer registry's SQL; its table ends schema.
 	registry registryQueries
 }
-
-// sqlState is implemented by PostgreSQL driver errors (lib/pq's *pq.Error and
-// pgx's *pgconn.PgError), so errors are recognised by SQLSTATE code without
-// importing either driver.
-type sqlState interface{ SQLState() string }
-
-func pgCode(err error) string {
-	var e sqlState
-	if errors.As(err, &e) {
-		return e.SQLState()
-	}
-	return ""
-}
-
-// pgMaxTimeout is the longest lock_timeout and statement_timeout
-// PostgreSQL takes: an int of milliseconds. A longer one makes every
-// statement that sets it fail.
-const pgMaxTimeout = math.MaxInt32 * time.Millisecond

@@ -88,14 +88,3 @@ func answeredAs(err error) Dialect {
 	}
 	return nil
 }
-
-// dialectErr wraps err, returned by the database for the store's SQL, with
-// the dialect mismatch it shows, if any: the check in New lets wrapped
-// drivers through, the database's own errors do not.
-func (s *Store) dialectErr(err error) error {
-	found := answeredAs(err)
-	if found == nil || found == s.dialect {
-		return err
-	}
-	return fmt.Errorf("Dialect is %s but the database answered as %s, set Config.Dialect to sqlinbox.%s: %w", s.dialect, found, dialectName(found), err)
-}

@@ -51,6 +51,18 @@ func TestDialectMismatch(t *testing.T) {
 				err = store.CreateSchema(context.Background())
 				require.ErrorContains(t, err, "Dialect is "+dialect.String()+" but the database answered as "+speaks[name].String())
 				t.Log(err)
+
+				// A table made by the right dialect (an earlier deploy, a
+				// migration): the first claim names the mismatch instead.
+				right, err := sqlinbox.New(db, sqlinbox.Config{Dialect: speaks[name], Table: cfg.Table})
+				require.NoError(t, err)
+				require.NoError(t, right.CreateSchema(context.Background()))
+				tx, _, err := store.Claim(context.Background(), nil, "c", "e1", nil)
+				if tx != nil {
+					_ = tx.Rollback(context.Background())
+				}
+				require.ErrorContains(t, err, "Dialect is "+dialect.String()+" but the database answered as "+speaks[name].String())
+				t.Log(err)
 			})
 		}
 	}

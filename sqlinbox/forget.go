@@ -35,7 +35,11 @@ func (m maintainer) Claims(ctx context.Context, f maintenance.ClaimFilter) ([]ma
 		}
 	}
 	for ids := range slices.Chunk(f.EventIDs, forgetBatch) {
-		rows, err := m.s.db.QueryContext(ctx, q.claimsOf(len(ids)), claimArgs(f.Consumer, ids)...)
+		args, err := m.lookupArgs(f.Consumer, ids)
+		if err != nil {
+			return nil, m.fail(doing, err)
+		}
+		rows, err := m.s.db.QueryContext(ctx, q.claimsOf(len(ids)), args...)
 		if err != nil {
 			return nil, m.fail(doing, err)
 		}
@@ -89,12 +93,21 @@ func (m maintainer) Forget(ctx context.Context, consumer string, eventIDs []stri
 }
 
 func (m maintainer) forget(ctx context.Context, q maintenanceQueries, consumer string, ids []string) ([]maintenance.Claim, error) {
-	n, args := len(ids), claimArgs(consumer, ids)
+	n := len(ids)
+	args, err := m.lookupArgs(consumer, ids)
+	if err != nil {
+		return nil, err
+	}
 	tx, err := m.s.db.BeginTx(ctx, &sql.TxOptions{Isolation: q.forgetIsolation})
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	if q.forgetSetup != "" {
+		if _, err := tx.ExecContext(ctx, q.forgetSetup); err != nil {
+			return nil, err
+		}
+	}
 	if q.forgetLock != nil {
 		var locked int64
 		if err := tx.QueryRowContext(ctx, q.forgetLock(n), args...).Scan(&locked); err != nil {
@@ -103,19 +116,7 @@ func (m maintainer) forget(ctx context.Context, q maintenanceQueries, consumer s
 	}
 	var placeholders map[string]bool
 	if q.forgetProbe != nil {
-		probeArgs := args
-		if m.s.q.idTime {
-			// The probe also takes each id's time, after the ids.
-			probeArgs = slices.Clone(args)
-			for _, id := range ids {
-				at, err := m.s.eventIDTime(id)
-				if err != nil {
-					return nil, err
-				}
-				probeArgs = append(probeArgs, at)
-			}
-		}
-		rows, err := tx.QueryContext(ctx, q.forgetProbe(n), probeArgs...)
+		rows, err := tx.QueryContext(ctx, q.forgetProbe(n), args...)
 		if err != nil {
 			return nil, err
 		}
@@ -152,6 +153,25 @@ func (m maintainer) forget(ctx context.Context, q maintenanceQueries, consumer s
 		return nil, err
 	}
 	return claims, nil
+}
+
+// lookupArgs are the parameters of the statements that look up a
+// consumer's claims of ids: the consumer, the ids, and on a table
+// partitioned by EventIDTime each id's time after them, as the claim
+// computes it, so that PostgreSQL reads only the ids' partitions.
+func (m maintainer) lookupArgs(consumer string, ids []string) ([]any, error) {
+	args := claimArgs(consumer, ids)
+	if !m.s.q.idTime {
+		return args, nil
+	}
+	for _, id := range ids {
+		at, err := m.s.eventIDTime(id)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, at)
+	}
+	return args, nil
 }
 
 func claimArgs(consumer string, ids []string) []any {

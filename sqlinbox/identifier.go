@@ -67,3 +67,6 @@ func (t tableName) quoted(q byte) string {
 func (t tableName) derived(suffix string) tableName {
 	return tableName{schema: t.schema, name: t.name + "_" + suffix}
 }
+
+// quoteName quotes one identifier with the dialect's quote q.
+func quoteName(name string, q byte) string { return string(q) + name + string(q) }

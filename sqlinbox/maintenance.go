@@ -108,7 +108,8 @@ type maintenanceQueries struct {
 	consumers string
 
 	// claimsOf returns event_id and processed_at of a consumer's claims of
-	// n event ids; parameters: the consumer, then the ids.
+	// n event ids; parameters: the consumer, then the ids, then on a table
+	// partitioned by EventIDTime each id's time (lookupArgs).
 	claimsOf func(n int) string
 	// claimsBetween returns the same for from <= processed_at < to;
 	// parameters: the consumer, timeArg(from), timeArg(to).
@@ -124,6 +125,8 @@ type maintenanceQueries struct {
 	// return them (when set); delete removes the claims and, unless
 	// lockRows is set, returns them as claimsOf does.
 	forgetLock, forgetProbe, forgetLockRows, forgetDelete func(n int) string
+	// forgetSetup runs first in each of Forget's transactions (when set).
+	forgetSetup string
 	// forgetIsolation is the isolation level of Forget's transactions.
 	forgetIsolation sql.IsolationLevel
 

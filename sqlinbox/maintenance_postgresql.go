@@ -67,6 +67,28 @@ WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.n`, reg),
 	count(*) FILTER (WHERE processed_at >= now() - interval '1 day'),
 	%s, %s
 FROM %s GROUP BY consumer`, pgUTC("min(processed_at)"), pgUTC("max(processed_at)"), pgUTC("min(event_time)"), pgUTC("max(event_time)"), table)
+		// The lookups of ids take each id's time after the ids, as the
+		// probe does: (id, time) pairs, so that each id is looked up in
+		// its partition only. Without the time, every partition is read.
+		keys := func(n int) string {
+			return placeholders(func(i int) string { return fmt.Sprintf("($%d::%s, $%d::timestamptz)", i, idType, i+n) }, 2, n)
+		}
+		// A lateral subquery with a LIMIT is not flattened into a join:
+		// it runs once per id, and PostgreSQL prunes the partitions for
+		// each run to the one holding the id's time.
+		q.claimsOf = func(n int) string {
+			return fmt.Sprintf(`SELECT c.id, c.at FROM (VALUES %s) AS k(id, at)
+CROSS JOIN LATERAL (SELECT event_id::text, %s FROM %s WHERE consumer = $1 AND event_time = k.at AND event_id = k.id LIMIT 1) AS c(id, at)`, keys(n), pgUTC("processed_at"), table)
+		}
+		// The planner does not count the pruning a nested loop over the
+		// ids gets, each id's lookup in one partition: it prefers a hash
+		// join, or a loop over every partition's rows, that reads every
+		// partition. forgetSetup leaves it, for the transaction, the loop
+		// over the ids with an index lookup each.
+		q.forgetSetup = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true)`
+		q.forgetDelete = func(n int) string {
+			return fmt.Sprintf(`DELETE FROM %s USING (VALUES %s) AS k(id, at) WHERE consumer = $1 AND event_time = k.at AND event_id = k.id RETURNING %s`, table, keys(n), claim)
+		}
 		// Each id's time routes its placeholder to the partition its
 		// claim would go to, where the key's index entry is the lock.
 		q.forgetProbe = func(n int) string {

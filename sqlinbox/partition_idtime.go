@@ -2,14 +2,10 @@ package sqlinbox
 
 import (
 	"fmt"
-	"time"
-
-	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // idTimeQueries is the PostgreSQL schema and claim of a table partitioned
-// by the time inside event ids (EventIDTime).
+// by the time inside event ids ([EventIDTime]).
 //
 // The time is a function of the id, so every copy of an event lands in the
 // same partition and the primary key (consumer, event_time, event_id) sees
@@ -46,20 +42,10 @@ func idTimeQueries(t tableName, c Config, idType, fpCol string) queries {
 SELECT %[2]s FROM (SELECT (SELECT min(event_time) FROM %[1]s WHERE consumer = c.consumer) AS m FROM c WHERE c.consumer IS NOT NULL) o`, table, pgUTC("min(m)")),
 		addFingerprint: fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS fingerprint bytea`, table),
 	}
-	q.claim, q.afterClaim = pgInsertClaim(c, table, cols, vals)
+	q.claim, q.afterClaim = pgInsertClaim(c.ClaimTimeout, table, cols, vals)
 	if c.Fingerprints {
 		q.fingerprint = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = $1 AND event_id = $2 AND event_time = $3`, table)
 	}
 	q.verify = verifyLayout(t, c)
 	return q
-}
-
-// eventIDTime returns the time inside id, for a table partitioned by it;
-// an id without one is refused as inbox.CheckEventID would refuse it.
-func (s *Store) eventIDTime(id string) (time.Time, error) {
-	at, ok := inbox.TimeInEventID(id)
-	if !ok {
-		return time.Time{}, fmt.Errorf("%w: %s carries no time (a UUIDv7 or a ULID does), and %s is partitioned by the time inside event ids (sqlinbox.EventIDTime)", inbox.ErrInvalidEventID, errtext.Quote(id), s.table)
-	}
-	return at, nil
 }

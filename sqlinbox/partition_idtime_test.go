@@ -3,8 +3,13 @@ package sqlinbox_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/purge"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -115,6 +121,24 @@ func TestEventIDTimeRefusesIDsWithoutTime(t *testing.T) {
 	var rows int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table).Scan(&rows))
 	require.Zero(t, rows)
+}
+
+// A ULID with a letter outside Crockford's alphabet (I, L, O, U), or
+// beyond the 48-bit time, is refused as an invalid ULID naming what is
+// wrong, not as an id that carries no time.
+func TestEventIDTimeInvalidULID(t *testing.T) {
+	t.Parallel()
+	_, store, _ := idTimeStore(t, "pgx")
+	for id, want := range map[string]string{
+		"01FWHE4YDG000000000000000U": `"01FWHE4YDG000000000000000U" is not a valid ULID: 'U' at position 26 is not in its alphabet (Crockford's base32 has no I, L, O or U)`,
+		"01fwhe4ydgL000000000000000": `"01fwhe4ydgL000000000000000" is not a valid ULID: 'L' at position 11 is not in its alphabet`,
+		"81FWHE4YDG0000000000000000": `"81FWHE4YDG0000000000000000" is not a valid ULID: its first character, 8, is above 7: the time would not fit in 48 bits`,
+	} {
+		_, err := store.CheckEventID(id)
+		require.ErrorIs(t, err, inbox.ErrInvalidEventID)
+		require.ErrorContains(t, err, want)
+		require.NotContains(t, err.Error(), "carries no time")
+	}
 }
 
 // An event whose time no partition covers, long past or far ahead, lands
@@ -290,4 +314,148 @@ func TestEventIDTimeStaleCopies(t *testing.T) {
 	var rows int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table).Scan(&rows))
 	require.Equal(t, 1, rows)
+}
+
+// Forget and the claims listing look each claim up with the time its id
+// carries, as the claim does, so PostgreSQL reads the id's partition only,
+// not every partition of the table: a lookup in one partition of many,
+// with no wait for the partitions it does not read. Their plans (EXPLAIN
+// ANALYZE) scan the partitions of the ids asked for, and no other.
+func TestEventIDTimeLookupsReadOnlyTheIDsPartitions(t *testing.T) {
+	t.Parallel()
+	db, store, table := idTimeStore(t, "pgx")
+	ctx := context.Background()
+	now := dbNow(t, db)
+	for _, ago := range []time.Duration{2 * day, 3 * day, 4 * day} {
+		createPartition(t, db, table, ago)
+	}
+	old, recent := testdb.UUIDv7(now.Add(-3*day), "old"), testdb.UUIDv7(now, "recent")
+	for i := range 20 {
+		for _, at := range []time.Time{now.Add(-2 * day), now.Add(-3 * day), now.Add(-4 * day), now, now.Add(day)} {
+			require.True(t, claimOnce(t, store, "billing", testdb.UUIDv7(at, fmt.Sprint("filler-", i))))
+		}
+	}
+	require.True(t, claimOnce(t, store, "billing", old))
+	require.True(t, claimOnce(t, store, "billing", recent))
+	_, err := db.Exec("ANALYZE " + table)
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		ids  []string
+		want []string
+	}{
+		{[]string{old}, []string{partitionOf(t, db, table, "billing", old)}},
+		{[]string{old, recent}, []string{partitionOf(t, db, table, "billing", old), partitionOf(t, db, table, "billing", recent)}},
+	} {
+		plan, err := sqlinbox.ExplainClaims(ctx, store, "billing", tc.ids)
+		require.NoError(t, err)
+		require.ElementsMatch(t, tc.want, scanned(t, plan), "the claims listing of %d ids", len(tc.ids))
+		plan, err = sqlinbox.ExplainForget(ctx, store, "billing", tc.ids)
+		require.NoError(t, err)
+		require.ElementsMatch(t, tc.want, scanned(t, plan), "Forget's delete of %d ids", len(tc.ids))
+	}
+
+	claims, err := store.Maintenance().Claims(ctx, maintenance.ClaimFilter{Consumer: "billing", EventIDs: []string{old, recent, testdb.UUIDv7(now, "never claimed")}})
+	require.NoError(t, err)
+	require.Len(t, claims, 2)
+	removed, err := store.Maintenance().Forget(ctx, "billing", []string{recent, old})
+	require.NoError(t, err)
+	require.Len(t, removed, 2)
+	require.True(t, claimOnce(t, store, "billing", old), "forgotten, so new again")
+}
+
+// scanned returns the relations an EXPLAIN (ANALYZE, FORMAT JSON) plan
+// read: those of its scans that ran at least once.
+func scanned(t *testing.T, plan string) []string {
+	t.Helper()
+	type node struct {
+		NodeType string  `json:"Node Type"`
+		Relation string  `json:"Relation Name"`
+		Loops    float64 `json:"Actual Loops"`
+		Plans    []node  `json:"Plans"`
+	}
+	var root []struct {
+		Plan node `json:"Plan"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(plan), &root), plan)
+	var out []string
+	var walk func(n node)
+	walk = func(n node) {
+		if strings.Contains(n.NodeType, "Scan") && n.Relation != "" && n.Loops > 0 && !slices.Contains(out, n.Relation) {
+			out = append(out, n.Relation)
+		}
+		for _, c := range n.Plans {
+			walk(c)
+		}
+	}
+	walk(root[0].Plan)
+	return out
+}
+
+// BenchmarkEventIDTimeLookups measures the claims listing and Forget on a
+// table partitioned daily by event time, INBOX_BENCH_ROWS rows (600,000 by
+// default) over 30 days: of one id, and of 500 ids spread over the days.
+//
+//	go test -run '^$' -bench BenchmarkEventIDTimeLookups -benchtime 20x -count 5 ./sqlinbox/
+func BenchmarkEventIDTimeLookups(b *testing.B) {
+	rows := 600_000
+	if s := os.Getenv("INBOX_BENCH_ROWS"); s != "" {
+		var err error
+		rows, err = strconv.Atoi(s)
+		require.NoError(b, err)
+	}
+	ctx := context.Background()
+	db := testdb.Postgres(b, "pgx")
+	table := testdb.Table(b, db, "inbox_idtime_bench")
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table, Partitioning: sqlinbox.Daily, PartitionKey: sqlinbox.EventIDTime})
+	require.NoError(b, err)
+	require.NoError(b, store.CreateSchema(ctx))
+	for ago := 1; ago < 30; ago++ {
+		createPartition(b, db, table, time.Duration(ago)*day)
+	}
+	// UUIDv7 ids, each with the time it carries, spread over the 30 UTC
+	// days up to today.
+	_, err = db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, event_id, event_time)
+SELECT 'billing', substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-7' || substr(r, 1, 3) || '-8' || substr(r, 4, 3) || '-' || substr(r, 7, 12), t
+FROM (SELECT t, lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') AS h, replace(gen_random_uuid()::text, '-', '') AS r
+	FROM (SELECT timestamptz 'epoch' + ((extract(epoch FROM date_trunc('day', now() AT TIME ZONE 'UTC')) * 1000)::bigint
+		- (g %% 30) * 86400000 + (g * 7919) %% 86400000) * interval '1 millisecond' AS t
+		FROM generate_series(1::bigint, $1) AS g) AS s) AS v`, table), rows)
+	require.NoError(b, err)
+	_, err = db.ExecContext(ctx, "ANALYZE "+table)
+	require.NoError(b, err)
+	pick := func(n int) (ids []string, times []time.Time) {
+		r, err := db.QueryContext(ctx, fmt.Sprintf(`SELECT event_id, event_time FROM %s TABLESAMPLE SYSTEM (10) ORDER BY random() LIMIT $1`, table), n)
+		require.NoError(b, err)
+		defer r.Close()
+		for r.Next() {
+			var id string
+			var at time.Time
+			require.NoError(b, r.Scan(&id, &at))
+			ids, times = append(ids, id), append(times, at)
+		}
+		require.NoError(b, r.Err())
+		return ids, times
+	}
+	for _, n := range []int{1, 500} {
+		ids, times := pick(n)
+		b.Run(fmt.Sprintf("Claims/%d", n), func(b *testing.B) {
+			for b.Loop() {
+				claims, err := store.Maintenance().Claims(ctx, maintenance.ClaimFilter{Consumer: "billing", EventIDs: ids})
+				require.NoError(b, err)
+				require.Len(b, claims, n)
+			}
+		})
+		b.Run(fmt.Sprintf("Forget/%d", n), func(b *testing.B) {
+			for b.Loop() {
+				removed, err := store.Maintenance().Forget(ctx, "billing", ids)
+				require.NoError(b, err)
+				require.Len(b, removed, n)
+				b.StopTimer()
+				_, err = db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, event_id, event_time) SELECT 'billing', unnest($1::text[]), unnest($2::timestamptz[])`, table), ids, times)
+				require.NoError(b, err)
+				b.StartTimer()
+			}
+		})
+	}
 }

@@ -6,106 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// Partitioning splits a PostgreSQL inbox table into time ranges, of
-// processed_at or of the time inside event ids (Config.PartitionKey), so
-// that the purge drops whole partitions (instant, no dead rows, no WAL per
-// row) instead of deleting rows one by one.
-type Partitioning int
-
-const (
-	// NoPartitioning is one plain table, purged by batched deletes.
-	NoPartitioning Partitioning = iota
-	// Daily partitions: one table per UTC day.
-	Daily
-	// Monthly partitions: one table per UTC month.
-	Monthly
-)
-
-func (p Partitioning) String() string {
-	switch p {
-	case NoPartitioning:
-		return "none"
-	case Daily:
-		return "daily"
-	case Monthly:
-		return "monthly"
-	}
-	return "Partitioning(" + strconv.Itoa(int(p)) + ")"
-}
-
-// PartitionKey is the time a partitioned table is split by.
-type PartitionKey int
-
-const (
-	// ProcessedAt partitions by when the claim was made. Any event id
-	// works, but a duplicate may arrive after its original's partition
-	// closed: each claim takes an advisory lock on the event and probes
-	// every partition's key index, costlier the more partitions there are.
-	ProcessedAt PartitionKey = iota
-	// EventIDTime partitions by the time inside the event id (UUIDv7 or
-	// ULID, see [inbox.TimeInEventID]), stored in an event_time column. Every
-	// copy of an event carries the same id, so every copy falls in the same
-	// partition, and the key (consumer, event_time, event_id) decides a
-	// duplicate as on a plain table: one index probe, no advisory lock, and
-	// on a pgxinbox.Store no round trip beyond the business write's. Ids
-	// without a time are refused with inbox.ErrInvalidEventID.
-	//
-	// An event whose time no partition covers (older than the oldest
-	// partition left by the purge, or further ahead than the partitions
-	// made) lands in the default partition, still deduplicated there, and
-	// is purged by its event time. An event older than the retention can
-	// no longer be recognised as a duplicate once its partition was
-	// dropped: set inbox.Config.MaxEventAge below the retention, with
-	// inbox.EventTimeFromEventID.
-	EventIDTime
-)
-
-func (k PartitionKey) String() string {
-	switch k {
-	case ProcessedAt:
-		return "processed_at"
-	case EventIDTime:
-		return "event_time"
-	}
-	return "PartitionKey(" + strconv.Itoa(int(k)) + ")"
-}
-
-// column is the table column the partitions range over.
-func (k PartitionKey) column() string { return k.String() }
-
 // defaultPartitionSuffix names the DEFAULT partition: it takes every row no
 // time partition covers, so a claim never fails for want of a partition.
 const defaultPartitionSuffix = "default"
-
-// Partitioning returns the table layout the store was configured with.
-func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
-
-// checkPartitioning validates Config.Partitioning for a dialect.
-func checkPartitioning(c Config) error {
-	switch c.Partitioning {
-	case NoPartitioning:
-		if c.PartitionKey != ProcessedAt {
-			return fmt.Errorf("PartitionKey: %s needs Partitioning Daily or Monthly", c.PartitionKey)
-		}
-		return nil
-	case Daily, Monthly:
-		if c.Dialect != PostgreSQL {
-			return fmt.Errorf("Partitioning: %s is only available on PostgreSQL, not %s", c.Partitioning, c.Dialect)
-		}
-		if c.PartitionKey != ProcessedAt && c.PartitionKey != EventIDTime {
-			return fmt.Errorf("PartitionKey: unknown value %d (use sqlinbox.ProcessedAt or EventIDTime)", int(c.PartitionKey))
-		}
-		return nil
-	}
-	return fmt.Errorf("Partitioning: unknown value %d (use sqlinbox.NoPartitioning, Daily or Monthly)", int(c.Partitioning))
-}
 
 // partitionedQueries is the PostgreSQL schema and claim of a table
 // partitioned by processed_at.
@@ -134,7 +43,7 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 	// apart from ("a", "bc").
 	lock := "SELECT " + pgEventLock(t, "$1::text", "$2::text")
 	if c.ClaimTimeout > 0 {
-		lock = pgClaimTimeout(c) + lock + " FROM lt"
+		lock = pgClaimTimeout(c.ClaimTimeout) + lock + " FROM lt"
 	}
 	lock = fmt.Sprintf(`WITH l AS (%s) SELECT current_setting('transaction_isolation') FROM l`, lock)
 	q := queries{
@@ -172,26 +81,12 @@ ON CONFLICT DO NOTHING`, table, idType, cols, fpVal),
 	return q
 }
 
-// pgEventLock is the transaction-scoped advisory lock on one event's key
-// in a partitioned table, consumer and eventID being SQL text expressions.
-// The claim takes it, and so does whatever removes a claim while claims
-// run (Forget): both must compute the very same key.
-func pgEventLock(t tableName, consumer, eventID string) string {
-	return fmt.Sprintf(`pg_advisory_xact_lock(hashtextextended('%s'::regclass::oid::text || ':' || length(%s) || ':' || %s || %s, 0))`,
-		t.quoted('"'), consumer, consumer, eventID)
-}
-
 // verifyLayout checks, before the first claim, that the table is
 // partitioned exactly when the Config says so, and by the Config's key. A
 // table partitioned by processed_at claimed with the plain ON CONFLICT
 // claim would let duplicates through, since its key includes processed_at.
 func verifyLayout(t tableName, c Config) func(ctx context.Context, db *sql.DB, q queries) error {
 	return func(ctx context.Context, db *sql.DB, _ queries) error { return checkLayout(ctx, db, t, c) }
-}
-
-// rowQuerier is a *sql.DB or a *sql.Conn.
-type rowQuerier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 func checkLayout(ctx context.Context, db rowQuerier, t tableName, c Config) error {
@@ -252,30 +147,6 @@ func parsePartition(t tableName, name string) (maintenance.Partition, bool) {
 	return maintenance.Partition{}, false
 }
 
-func (p *purgeSession) partitioned() error {
-	if p.s.config.Partitioning == NoPartitioning {
-		return fmt.Errorf("sqlinbox: %s is not partitioned (Config.Partitioning)", p.s.table)
-	}
-	return nil
-}
-
-// Partitions implements maintenance.PurgeSession.
-func (p *purgeSession) Partitions(ctx context.Context) ([]maintenance.Partition, error) {
-	if err := p.partitioned(); err != nil {
-		return nil, err
-	}
-	parts, err := timePartitions(ctx, p.conn, p.s.table)
-	if err != nil {
-		return nil, p.fail(ctx, "listing the partitions of", err)
-	}
-	return parts, nil
-}
-
-// queryer is a *sql.DB or a *sql.Conn.
-type queryer interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
 // timePartitions lists the time partitions of t this package made, oldest
 // first.
 func timePartitions(ctx context.Context, db queryer, t tableName) ([]maintenance.Partition, error) {
@@ -304,28 +175,6 @@ func timePartitions(ctx context.Context, db queryer, t tableName) ([]maintenance
 // covered reports whether a partition of existing overlaps part's range.
 func covered(existing []maintenance.Partition, part maintenance.Partition) bool {
 	return slices.ContainsFunc(existing, func(e maintenance.Partition) bool { return e.From.Before(part.To) && part.From.Before(e.To) })
-}
-
-// CreatePartitions implements maintenance.PurgeSession.
-func (p *purgeSession) CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (maintenance.Partitions, error) {
-	if err := p.partitioned(); err != nil {
-		return maintenance.Partitions{}, err
-	}
-	if err := p.checkLock(ctx); err != nil {
-		return maintenance.Partitions{}, err
-	}
-	parts, err := makePartitions(ctx, p.conn, p.s.table, p.s.config, ahead, lockTimeout)
-	if err != nil {
-		err = p.fail(ctx, "creating partitions of", err)
-	}
-	return parts, err
-}
-
-// conner is a *sql.DB or a *sql.Conn.
-type conner interface {
-	queryer
-	rowQuerier
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
 // makePartitions creates the missing partitions of the current period (by
@@ -409,186 +258,6 @@ func blockedPeriod(ctx context.Context, db rowQuerier, t tableName, key Partitio
 	return b, err
 }
 
-// MoveBlocked implements maintenance.PurgeSession. The exclusive lock
-// keeps claims out of the default partition while its rows of the period
-// move: they park in a temporary table, the partition is created over the
-// emptied range, and they go back through the parent into it. The columns
-// are named, in the parent's order, so that a default partition whose
-// columns are in another order (a fingerprint column added later) moves
-// them right.
-func (p *purgeSession) MoveBlocked(ctx context.Context, part maintenance.Partition, lockTimeout time.Duration) (int64, error) {
-	if err := p.partitioned(); err != nil {
-		return 0, err
-	}
-	if _, ok := parsePartition(p.s.table, part.Name); !ok {
-		return 0, fmt.Errorf("sqlinbox: %q is not a time partition of %s", part.Name, p.s.table)
-	}
-	if err := p.checkLock(ctx); err != nil {
-		return 0, err
-	}
-	moved, err := p.moveBlocked(ctx, part, lockTimeout)
-	if err = pgDDLErr(err); errors.Is(err, maintenance.ErrLockTimeout) {
-		return 0, fmt.Errorf("sqlinbox: moving the default partition's rows into partition %s of %s: %w", part.Name, p.s.table, err)
-	}
-	if err != nil {
-		return 0, p.fail(ctx, "moving the default partition's rows into partition "+part.Name+" of", err)
-	}
-	return moved, nil
-}
-
-func (p *purgeSession) moveBlocked(ctx context.Context, part maintenance.Partition, lockTimeout time.Duration) (int64, error) {
-	table, col := p.s.table.quoted('"'), p.s.config.PartitionKey.column()
-	tx, err := p.conn.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	// The schema lock first, as every partition DDL takes it.
-	if _, err := tx.ExecContext(ctx, pgSchemaLock(p.s.table)); err != nil {
-		return 0, err
-	}
-	if err := pgSetLockTimeout(ctx, tx, lockTimeout); err != nil {
-		return 0, err
-	}
-	var cols string
-	for _, stmt := range []string{
-		`LOCK TABLE ` + table + ` IN ACCESS EXCLUSIVE MODE`,
-		`CREATE TEMPORARY TABLE watermill_inbox_moving (LIKE ` + table + `) ON COMMIT DROP`,
-	} {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return 0, err
-		}
-	}
-	if err := tx.QueryRowContext(ctx, `SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, table).Scan(&cols); err != nil {
-		return 0, err
-	}
-	res, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH moved AS (DELETE FROM %s WHERE %s >= $1 AND %s < $2 RETURNING %s) INSERT INTO watermill_inbox_moving (%s) SELECT %s FROM moved`,
-		p.s.table.derived(defaultPartitionSuffix).quoted('"'), col, col, cols, cols, cols), part.From, part.To)
-	if err != nil {
-		return 0, err
-	}
-	moved, err := res.RowsAffected()
-	if err != nil {
-		return 0, err
-	}
-	for _, stmt := range []string{
-		createPartition(p.s.table, part),
-		fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM watermill_inbox_moving`, table, cols, cols),
-	} {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return 0, err
-		}
-	}
-	return moved, tx.Commit()
-}
-
-// ExpiredPartitions implements maintenance.PurgeSession.
-func (p *purgeSession) ExpiredPartitions(ctx context.Context, olderThan time.Duration) ([]maintenance.Partition, error) {
-	parts, err := p.Partitions(ctx)
-	if err != nil {
-		return nil, err
-	}
-	cutoff, err := p.dbTime(ctx, olderThan)
-	if err != nil {
-		return nil, err
-	}
-	return slices.DeleteFunc(parts, func(part maintenance.Partition) bool { return part.To.After(cutoff) }), nil
-}
-
-// DropPartition implements maintenance.PurgeSession. It takes a brief
-// exclusive lock on the table: PostgreSQL cannot detach a partition
-// concurrently while a default partition exists.
-func (p *purgeSession) DropPartition(ctx context.Context, part maintenance.Partition, lockTimeout time.Duration) error {
-	if err := p.partitioned(); err != nil {
-		return err
-	}
-	if _, ok := parsePartition(p.s.table, part.Name); !ok {
-		return fmt.Errorf("sqlinbox: %q is not a time partition of %s", part.Name, p.s.table)
-	}
-	if err := p.checkLock(ctx); err != nil {
-		return err
-	}
-	stmt := `DROP TABLE IF EXISTS ` + tableName{schema: p.s.table.schema, name: part.Name}.quoted('"')
-	if err := pgDDL(ctx, p.conn, p.s.table, stmt, lockTimeout); err != nil {
-		if errors.Is(err, maintenance.ErrLockTimeout) {
-			return fmt.Errorf("sqlinbox: dropping partition %s of %s: %w", part.Name, p.s.table, err)
-		}
-		return p.fail(ctx, "dropping partition "+part.Name+" of", err)
-	}
-	return nil
-}
-
-// CountPartition implements maintenance.PurgeSession.
-func (p *purgeSession) CountPartition(ctx context.Context, part maintenance.Partition) (map[string]int64, error) {
-	if _, ok := parsePartition(p.s.table, part.Name); !ok {
-		return nil, fmt.Errorf("sqlinbox: %q is not a time partition of %s", part.Name, p.s.table)
-	}
-	rows, err := p.conn.QueryContext(ctx, `SELECT consumer, count(*) FROM `+tableName{schema: p.s.table.schema, name: part.Name}.quoted('"')+` GROUP BY consumer`)
-	if err != nil {
-		return nil, p.fail(ctx, "counting rows of partition "+part.Name+" of", err)
-	}
-	return scanCounts(rows)
-}
-
-// pgDDL runs one DDL statement on table t in a transaction of its own: the
-// schema lock first, without a timeout (its holders wait at most
-// lockTimeout for their own table locks), then at most lockTimeout for the
-// statement's table locks, claims queueing behind that wait. A lock
-// timeout wraps maintenance.ErrLockTimeout.
-func pgDDL(ctx context.Context, db conner, t tableName, stmt string, lockTimeout time.Duration) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	if _, err := tx.ExecContext(ctx, pgSchemaLock(t)); err != nil {
-		return err
-	}
-	if err := pgSetLockTimeout(ctx, tx, lockTimeout); err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, stmt); err != nil {
-		return pgDDLErr(err)
-	}
-	return tx.Commit()
-}
-
-// pgSetLockTimeout sets lock_timeout for the rest of tx (0: none).
-func pgSetLockTimeout(ctx context.Context, tx *sql.Tx, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	_, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(d.Milliseconds(), 1), 10))
-	return err
-}
-
-// pgDDLErr marks a DDL statement's lock timeout: the table lock, not an
-// event in flight (which is what classify makes of a claim's).
-func pgDDLErr(err error) error {
-	if pgCode(err) == "55P03" {
-		return fmt.Errorf("%w: %w", maintenance.ErrLockTimeout, err)
-	}
-	return err
-}
-
-// pgNow returns the database clock minus ago, in UTC.
-func pgNow(ctx context.Context, db rowQuerier, ago time.Duration) (time.Time, error) {
-	var at time.Time
-	if err := db.QueryRowContext(ctx, `SELECT now() - $1::float8 * interval '1 microsecond'`, ago.Microseconds()).Scan(&at); err != nil {
-		return time.Time{}, err
-	}
-	return at.UTC(), nil
-}
-
-// dbTime returns the database clock minus ago, in UTC.
-func (p *purgeSession) dbTime(ctx context.Context, ago time.Duration) (time.Time, error) {
-	at, err := pgNow(ctx, p.conn, ago)
-	if err != nil {
-		return time.Time{}, p.fail(ctx, "reading the clock of", err)
-	}
-	return at, nil
-}
-
 // SchemaPartitionsAhead is how many partitions after the current period's
 // CreateSchema creates, as package purge's rounds do by default
 // (purge.DefaultPartitionsAhead): claims land in time partitions from the
@@ -596,7 +265,7 @@ func (p *purgeSession) dbTime(ctx context.Context, ago time.Duration) (time.Time
 const SchemaPartitionsAhead = 3
 
 // pgCreatePartitions is a DO block creating the partitions of the current
-// period (by the database clock, in UTC) and of the SchemaPartitionsAhead
+// period (by the database clock, in UTC) and of the [SchemaPartitionsAhead]
 // next ones, named as partitionFor names them. It is the same text every
 // day, so SchemaSQL stays a fixed script. A partition the default
 // partition holds rows of (check_violation) or that overlaps an existing
@@ -626,3 +295,7 @@ BEGIN
 	END LOOP;
 END $$`, SchemaPartitionsAhead, from, t.quoted('"'), name, to)
 }
+
+// partitionsStep stands in schemaObjects for the statement creating the
+// coming time partitions.
+var partitionsStep = tableName{}

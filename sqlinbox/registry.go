@@ -1,10 +1,7 @@
 package sqlinbox
 
 import (
-	"context"
 	"fmt"
-
-	inbox "github.com/watermill-inbox/inbox"
 )
 
 // registrySuffix names the consumer registry beside the inbox table:
@@ -13,7 +10,7 @@ const registrySuffix = "consumers"
 
 // registryQueries is the SQL of an inbox table's consumer registry: one row
 // per consumer, naming the service that claimed with it first
-// (inbox.ConsumerRegistry). It is read once per consumer and process, never
+// ([inbox.ConsumerRegistry]). It is read once per consumer and process, never
 // per message, so it is a plain table on every dialect and layout.
 type registryQueries struct {
 	// create makes the table; CreateSchema and SchemaSQL end with it.
@@ -24,8 +21,6 @@ type registryQueries struct {
 	// drop removes the table, for a migration tool's down step.
 	drop string
 }
-
-var _ inbox.ConsumerRegistry = (*Store)(nil)
 
 func (postgresql) registry(t tableName) registryQueries {
 	table := t.derived(registrySuffix).quoted('"')
@@ -68,38 +63,4 @@ func (sqlite) registry(t tableName) registryQueries {
 		owner:    fmt.Sprintf(`SELECT service FROM %s WHERE consumer = ?`, table),
 		drop:     `DROP TABLE IF EXISTS ` + table,
 	}
-}
-
-// RegistryTable returns the consumer registry's name: the inbox table's
-// with the suffix "_consumers", in the same schema.
-func (s *Store) RegistryTable() string { return s.table.derived(registrySuffix).String() }
-
-// RegisterConsumer implements [inbox.ConsumerRegistry]: it records service
-// as consumer's owner unless another service already is, and returns the
-// owner. Two statements outside any transaction, so that the second sees
-// the row of a service that registered concurrently.
-func (s *Store) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
-	var owner string
-	_, err := s.db.ExecContext(ctx, s.q.registry.register, consumer, service)
-	if err == nil {
-		err = s.db.QueryRowContext(ctx, s.q.registry.owner, consumer).Scan(&owner)
-	}
-	if err != nil {
-		return "", s.registryErr(ctx, err)
-	}
-	return owner, nil
-}
-
-// registryErr explains a failed registration: a missing table (created
-// before the registry) by what to run, anything else as it is.
-func (s *Store) registryErr(ctx context.Context, err error) error {
-	md, ok := s.dialect.(maintenanceDialect)
-	if !ok {
-		return err
-	}
-	cols, cerr := columns(ctx, s.db, md.maintenanceQueries(s.table.derived(registrySuffix), s.config))
-	if cerr == nil && len(cols) == 0 {
-		return fmt.Errorf("%w: %s; run Store.CreateSchema, or apply the CREATE TABLE %s statement of Store.SchemaSQL (%w)", inbox.ErrNoConsumerRegistry, s.RegistryTable(), s.RegistryTable(), err)
-	}
-	return s.dialectErr(s.dialect.classify(err))
 }

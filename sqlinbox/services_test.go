@@ -36,6 +36,7 @@ func TestServicesSharingATable(t *testing.T) {
 	}{
 		{"PostgreSQL/sqlinbox", "pgx", testdb.PostgresDSN(), func(t testing.TB) *sql.DB { return testdb.Postgres(t, "pgx") }},
 		{"PostgreSQL/pgxinbox", "pgxpool", testdb.PostgresDSN(), func(t testing.TB) *sql.DB { return testdb.Postgres(t, "pgx") }},
+		{"MariaDB", "mysql", testdb.MySQLDSN(), testdb.MySQL},
 		{"SQLite", "sqlite", "", testdb.SQLite},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

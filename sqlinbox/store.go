@@ -15,8 +15,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,7 +25,7 @@ import (
 	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
-// DefaultTable is the inbox table's name when Config.Table is empty.
+// DefaultTable is the inbox table's name when [Config.Table] is empty.
 const DefaultTable = "watermill_inbox"
 
 // Config configures New.
@@ -37,27 +35,27 @@ type Config struct {
 	Dialect Dialect
 
 	// Table is the inbox table, optionally schema-qualified ("app.inbox"):
-	// lowercase letters, digits and underscores. Defaults to DefaultTable.
+	// lowercase letters, digits and underscores. Defaults to [DefaultTable].
 	Table string
 
 	// UUIDEventIDs stores event ids in a native UUID column (PostgreSQL
 	// uuid, 16 bytes instead of 37 and a smaller index; MySQL BINARY(16);
 	// SQLite keeps text) and rejects ids that are not UUIDs with
-	// inbox.ErrInvalidEventID before any SQL runs. Ids are stored in
+	// [inbox.ErrInvalidEventID] before any SQL runs. Ids are stored in
 	// canonical lowercase form. It must match the table CreateSchema made.
-	// Defaults to false: any id up to inbox.MaxEventIDLength bytes.
+	// Defaults to false: any id up to [inbox.MaxEventIDLength] bytes.
 	UUIDEventIDs bool
 
 	// ClaimTimeout bounds how long a claim waits for another transaction
 	// holding the same (consumer, event id), that is a duplicate delivered
 	// while the first copy is still being handled. When it expires the claim
-	// fails with an error wrapping inbox.ErrInFlight and the message is
+	// fails with an error wrapping [inbox.ErrInFlight] and the message is
 	// retried later instead of holding a connection. Only the claim
 	// statement is bounded, never the handler's: PostgreSQL lock_timeout,
 	// set for the claim and then put back to the session's value;
 	// MariaDB innodb_lock_wait_timeout through SET STATEMENT, whole seconds
 	// rounded up (MySQL 8 cannot scope it to a statement and the first claim
-	// fails with ErrClaimTimeoutUnsupported); SQLite refuses it in New, its
+	// fails with [ErrClaimTimeoutUnsupported]); SQLite refuses it in New, its
 	// DSN's busy_timeout is the bound. New refuses one longer than the
 	// setting takes: 2,147,483,647 ms (24.8 days) on PostgreSQL,
 	// 100,000,000 s on MariaDB. Defaults to 0: wait until the other
@@ -65,25 +63,25 @@ type Config struct {
 	ClaimTimeout time.Duration
 
 	// Partitioning makes CreateSchema create a PostgreSQL table partitioned
-	// by time (Daily or Monthly), with the partitions of the current period
-	// and of the SchemaPartitionsAhead next ones, whose purge drops whole
+	// by time ([Daily] or [Monthly]), with the partitions of the current period
+	// and of the [SchemaPartitionsAhead] next ones, whose purge drops whole
 	// partitions instead of deleting rows; see package purge. It must match
-	// the table CreateSchema made. Defaults to NoPartitioning.
+	// the table CreateSchema made. Defaults to [NoPartitioning].
 	Partitioning Partitioning
 
-	// PartitionKey is the time Partitioning splits by. ProcessedAt takes
+	// PartitionKey is the time Partitioning splits by. [ProcessedAt] takes
 	// any event id, but each claim first takes a lock on the event's key so
 	// that a duplicate is found in any partition (one more round trip on
 	// database/sql, none on a pgxinbox.Store, whose batch carries it), and
-	// needs READ COMMITTED. EventIDTime claims as fast as a plain table, but
+	// needs READ COMMITTED. [EventIDTime] claims as fast as a plain table, but
 	// takes only ids that carry their time (UUIDv7, ULID). It must match the
-	// table CreateSchema made. Defaults to ProcessedAt.
+	// table CreateSchema made. Defaults to [ProcessedAt].
 	PartitionKey PartitionKey
 
 	// Fingerprints adds a nullable fingerprint column to the table
 	// CreateSchema makes (PostgreSQL bytea, MySQL VARBINARY(64), SQLite
 	// BLOB) and makes the Store an [inbox.FingerprintChecker], for the
-	// middleware's id-reuse detection (inbox.Config.Fingerprint). An
+	// middleware's id-reuse detection ([inbox.Config.Fingerprint]). An
 	// existing table needs the column added once; see SchemaSQL. Rows
 	// claimed before have no fingerprint and never count as a reused id.
 	// Defaults to false: the claim writes two columns, as it always did.
@@ -115,7 +113,7 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 }
 
-// Store records inbox claims in one table. It implements inbox.Store. It does
+// Store records inbox claims in one table. It implements [inbox.Store]. It does
 // not own the *sql.DB: close the database yourself, after Close.
 type Store struct {
 	db      *sql.DB
@@ -128,7 +126,7 @@ type Store struct {
 	claimSQL atomic.Pointer[sql.Stmt]
 	verified atomic.Bool // set by the first claim that succeeds
 	// unprepared sends the claim as a plain statement: under
-	// Config.TransactionPooling, or once a pooler lost the prepared one.
+	// [Config.TransactionPooling], or once a pooler lost the prepared one.
 	unprepared atomic.Bool
 }
 
@@ -214,82 +212,13 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 // Table returns the inbox table's name as configured.
 func (s *Store) Table() string { return s.table.String() }
 
-// SchemaSQL returns the DDL CreateSchema runs, as one script, for migration
-// tools. Every statement is idempotent. It ends with the consumer registry
-// (RegistryTable), which a table created by an earlier release lacks: apply
-// the script again, or that one CREATE TABLE.
-//
-// CreateSchema leaves an existing table as it is: to turn Config.Fingerprints
-// on for a table made without it, run AddFingerprintColumnSQL once.
-func (s *Store) SchemaSQL() string {
-	return strings.Join(s.q.schema, ";\n\n") + ";\n"
-}
-
-// SchemaStatements returns the statements of SchemaSQL one by one, without
-// their final semicolons, for a migration tool that takes statements rather
-// than a script. A tool that splits a file at semicolons must be told where
-// a statement ends: on a partitioned table the last one is a DO block with
-// semicolons of its own (goose: between -- +goose StatementBegin and
-// -- +goose StatementEnd, as inbox schema -format goose prints it).
-func (s *Store) SchemaStatements() []string { return slices.Clone(s.q.schema) }
-
-// AddFingerprintColumnSQL returns the statement that adds the fingerprint
-// column (Config.Fingerprints) to an inbox table created without it, for a
-// migration tool. It adds a nullable column in place, without rewriting the
-// table on PostgreSQL and MariaDB:
-//
-//	ALTER TABLE watermill_inbox ADD COLUMN IF NOT EXISTS fingerprint bytea  -- PostgreSQL
-//	ALTER TABLE watermill_inbox ADD COLUMN fingerprint VARBINARY(64) NULL   -- MySQL/MariaDB
-//	ALTER TABLE watermill_inbox ADD COLUMN fingerprint BLOB                 -- SQLite
-//
-// Only PostgreSQL's form may run twice.
-func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
-
-// CreateSchema creates the inbox table, its index and the consumer registry
-// (RegistryTable) if they do not exist, and on a partitioned table the
-// partitions of the current period and the SchemaPartitionsAhead next ones.
-// It is safe to call on every start, from several instances at once, while
-// others claim and purge, and adds the registry beside a table an earlier
-// release created.
-//
-// On PostgreSQL it runs only the DDL of what is missing, and no statement
-// waits longer than SchemaLockTimeout for a table lock, so claims never
-// queue behind it for longer: a partition it cannot create in time, or
-// whose period's rows already went to the default partition, is left to
-// the purge and logged through Config.Logger; the index of an existing
-// table that lacks it fails with an error wrapping ErrLockTimeout.
-func (s *Store) CreateSchema(ctx context.Context) error {
-	if s.q.schemaObjects != nil {
-		return s.createSchemaPostgres(ctx)
-	}
-	if !s.q.schemaInTx {
-		for _, stmt := range s.q.schema {
-			if _, err := s.db.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
-			}
-		}
-		return nil
-	}
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
-	}
-	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	for _, stmt := range s.q.schema {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
-	}
-	return nil
-}
+// Partitioning returns the table layout the store was configured with.
+func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
 
 // Claim implements [inbox.Store]: BEGIN, then the claim as the
 // transaction's first statement. The claim is a prepared statement, so after
 // the first use on a connection it costs one round trip on every driver;
-// under Config.TransactionPooling it is sent unprepared (one round trip with
+// under [Config.TransactionPooling] it is sent unprepared (one round trip with
 // the DSN settings that setting needs).
 //
 // For a duplicate with a fingerprint it reads the original's in the claim's
@@ -374,7 +303,7 @@ func (s *Store) storedFingerprint(ctx context.Context, tx *sql.Tx, consumer, eve
 }
 
 // CheckFingerprints implements [inbox.FingerprintChecker]: it fails unless
-// Config.Fingerprints is set.
+// [Config.Fingerprints] is set.
 func (s *Store) CheckFingerprints() error {
 	if !s.config.Fingerprints {
 		return fmt.Errorf("sqlinbox: %s is configured without fingerprints; set sqlinbox.Config.Fingerprints (and add the column to an existing table, see Store.SchemaSQL)", s.table)
@@ -383,7 +312,7 @@ func (s *Store) CheckFingerprints() error {
 }
 
 // claim runs the claim statement, prepared as stmt or, when stmt is nil,
-// unprepared; fingerprint is its third parameter when Config.Fingerprints
+// unprepared; fingerprint is its third parameter when [Config.Fingerprints]
 // is set (nil stores NULL).
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string, fingerprint []byte) (bool, error) {
 	if s.q.beforeClaim != "" {
@@ -434,7 +363,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 
 // claimArgs are the claim's parameters: the consumer, the event id, the
 // time inside the id on a table partitioned by it, and the fingerprint
-// under Config.Fingerprints.
+// under [Config.Fingerprints].
 func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, error) {
 	args := make([]any, 2, 4)
 	args[0], args[1] = consumer, eventID
@@ -449,6 +378,16 @@ func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, 
 		args = append(args, nullBytes(fingerprint))
 	}
 	return args, nil
+}
+
+// eventIDTime returns the time inside id, for a table partitioned by it;
+// an id without one is refused as inbox.CheckEventID would refuse it.
+func (s *Store) eventIDTime(id string) (time.Time, error) {
+	at, err := inbox.ParseTimeInEventID(id)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: %s %v, and %s is partitioned by the time inside event ids (sqlinbox.EventIDTime)", inbox.ErrInvalidEventID, errtext.Quote(id), err, s.table)
+	}
+	return at, nil
 }
 
 // verify runs the dialect's check of the table until a claim succeeds, so
@@ -535,9 +474,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// CheckEventID implements inbox.EventIDChecker. In UUIDEventIDs mode it
+// CheckEventID implements [inbox.EventIDChecker]. In UUIDEventIDs mode it
 // rejects ids that are not UUIDs and returns the canonical lowercase form;
-// on a table partitioned by EventIDTime it rejects ids that carry no time;
+// on a table partitioned by [EventIDTime] it rejects ids that carry no time;
 // otherwise every id passes unchanged.
 func (s *Store) CheckEventID(id string) (string, error) {
 	if s.q.idTime {
@@ -597,4 +536,15 @@ func (s *Store) claimed(n int64) (bool, error) {
 		return true, nil
 	}
 	return false, fmt.Errorf("sqlinbox: claim affected %d rows, want 0 or 1; is %s really the inbox table?", n, s.table)
+}
+
+// dialectErr wraps err, returned by the database for the store's SQL, with
+// the dialect mismatch it shows, if any: the check in New lets wrapped
+// drivers through, the database's own errors do not.
+func (s *Store) dialectErr(err error) error {
+	found := answeredAs(err)
+	if found == nil || found == s.dialect {
+		return err
+	}
+	return fmt.Errorf("Dialect is %s but the database answered as %s, set Config.Dialect to sqlinbox.%s: %w", s.dialect, found, dialectName(found), err)
 }

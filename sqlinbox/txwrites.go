@@ -3,16 +3,11 @@ package sqlinbox
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"strconv"
-
-	inbox "github.com/watermill-inbox/inbox"
 )
 
-var _ inbox.TxWriteCounter = (*Store)(nil)
-
 // txWritesDialect is what a dialect offers to count the rows a
-// transaction wrote, for inbox.TxWriteCounter.
+// transaction wrote, for [inbox.TxWriteCounter].
 type txWritesDialect interface {
 	// txWrites returns rows whose last columns, added up, count the rows
 	// the current transaction (MySQL, SQLite: connection) has written, the
@@ -40,23 +35,6 @@ func (mysqlDialect) txWrites() string {
 // total_changes counts the rows the connection changed since it opened;
 // the transaction holds the connection, so the difference is its own.
 func (sqlite) txWrites() string { return `SELECT total_changes()` }
-
-// CountTxWrites implements [inbox.TxWriteCounter] on a transaction of this
-// store: the middleware calls it around the first in-transaction publish of
-// each consumer, to check that inbox.Config.ProducedPublisher writes
-// through the transaction.
-func (s *Store) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, bool, error) {
-	t, ok := tx.(inbox.SQLTx)
-	d, counts := s.dialect.(txWritesDialect)
-	if !ok || !counts {
-		return 0, false, nil
-	}
-	n, ok, err := sumLastColumn(ctx, t.Tx, d.txWrites())
-	if err != nil {
-		return 0, false, fmt.Errorf("sqlinbox: counting the transaction's writes: %w", err)
-	}
-	return n, ok, nil
-}
 
 // sumLastColumn adds up the last column of query's rows, integers; ok is
 // false when there is no row or a NULL.
@@ -89,14 +67,4 @@ func sumLastColumn(ctx context.Context, tx *sql.Tx, query string) (sum int64, ok
 		sum, ok = sum+n, true
 	}
 	return sum, ok, rows.Err()
-}
-
-// txWritesSQL returns the statement CountTxWrites runs, for a store that
-// sends it through another driver (maintenance.ClaimSQL), "" when the
-// dialect cannot count.
-func (s *Store) txWritesSQL() string {
-	if d, ok := s.dialect.(txWritesDialect); ok {
-		return d.txWrites()
-	}
-	return ""
 }

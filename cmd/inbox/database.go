@@ -168,7 +168,7 @@ func (d *database) connect(ctx context.Context, create bool) (*sqlinbox.Store, *
 }
 
 // connectTable connects, and fails, saying what to do, when the table
-// does not exist.
+// does not exist or is laid out otherwise than the flags say.
 func (d *database) connectTable(ctx context.Context) (*sqlinbox.Store, *sql.DB, error) {
 	store, db, err := d.connect(ctx, false)
 	if err != nil {
@@ -177,6 +177,9 @@ func (d *database) connectTable(ctx context.Context) (*sqlinbox.Store, *sql.DB, 
 	c, err := store.Maintenance().Check(ctx, 0)
 	if err == nil && !c.Exists {
 		err = fmt.Errorf("%s does not exist in this database: %s", store.Table(), createIt)
+	}
+	if err == nil {
+		err = d.layoutError(store.Table(), c.Findings)
 	}
 	if err != nil {
 		_ = db.Close()

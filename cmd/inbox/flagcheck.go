@@ -3,8 +3,10 @@ package main
 import (
 	"database/sql"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/watermill-inbox/inbox/internal/maintenance"
@@ -85,6 +87,23 @@ func checkPurgeFlags(c purge.Config, m maintenance.Store, partitioning string) e
 	}
 	if c.PartitionsAhead < 0 {
 		return usage("-partitions-ahead is negative (%d)", c.PartitionsAhead)
+	}
+	return nil
+}
+
+// layoutError refuses a table laid out otherwise than -partitioning and
+// -partition-key say, from the findings of its check, before the store
+// refuses it naming Config.Partitioning and Config.PartitionKey.
+func (d *database) layoutError(table string, findings []maintenance.Finding) error {
+	for _, f := range findings {
+		if f.Aspect != maintenance.AspectLayout || f.OK {
+			continue
+		}
+		flag := "-partitioning is " + d.partitioning
+		if d.partitioning != "none" && strings.HasPrefix(f.Found, "partitioned") {
+			flag = "-partition-key is " + d.partitionKey
+		}
+		return fmt.Errorf("%s is %s but %s\n%s", table, f.Found, flag, remedies[maintenance.AspectLayout])
 	}
 	return nil
 }

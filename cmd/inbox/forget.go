@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -193,17 +194,27 @@ func scanIDFile(file string, check func(where, id string)) error {
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
-	for line := 1; sc.Scan(); line++ {
+	sc.Buffer(make([]byte, 0, 64*1024), maxIDLine)
+	line := 1
+	for ; sc.Scan(); line++ {
 		if id := strings.TrimSuffix(sc.Text(), "\r"); id != "" {
 			check(fmt.Sprintf("%s:%d", file, line), id)
 		}
 	}
-	if err := sc.Err(); err != nil {
+	switch err := sc.Err(); {
+	case errors.Is(err, bufio.ErrTooLong):
+		// The scanner stops at the line it cannot hold: line is its number.
+		return usage("-ids-file %s:%d: the line is longer than 1 MiB (%d bytes), the longest -ids-file reads; an event id is at most %d bytes: put one id per line",
+			file, line, maxIDLine, inbox.MaxEventIDLength)
+	case err != nil:
 		return usage("-ids-file %s: %v", file, err)
 	}
 	return nil
 }
+
+// maxIDLine is the longest line of an -ids-file, far above any event id, so
+// that a line this long is a file of something else.
+const maxIDLine = 1 << 20
 
 // knownConsumer fails when consumer has no claim at all in the table:
 // most likely a misspelt name.

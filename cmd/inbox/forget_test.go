@@ -86,6 +86,22 @@ func TestForgetIDsFile(t *testing.T) {
 	})
 }
 
+// A line longer than the longest the command reads (a file of something
+// else, ids joined without newlines) names its line and the limit, and
+// nothing is removed.
+func TestForgetIDsFileLineTooLong(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := forgetFixture(t, tg)
+		file := filepath.Join(t.TempDir(), "ids.txt")
+		require.NoError(t, os.WriteFile(file, []byte("e1\ne2\n"+strings.Repeat("e3,", 400_000)+"\ne4\n"), 0o600))
+		code, out, errOut := f.run(t, "forget", "-consumer", "billing", "-ids-file", file, "-yes")
+		require.Equal(t, exitUsage, code, out)
+		require.Contains(t, errOut, file+":3: the line is longer than 1 MiB (1048576 bytes), the longest -ids-file reads; an event id is at most 255 bytes: put one id per line")
+		require.Empty(t, out)
+		require.Equal(t, map[string]int{"billing": 7, "mailer": 1}, f.rows(t))
+	}, sqlite)
+}
+
 // In UUID mode an id that is not a UUID is a bad line, and ids are
 // matched in their canonical form whatever their case.
 func TestForgetUUIDs(t *testing.T) {

@@ -97,6 +97,34 @@ func TestStatsPartitions(t *testing.T) {
 	require.Regexp(t, fmt.Sprintf(`\n%s_default +\(default\) +~48\n`, f.table), out)
 }
 
+// A table laid out otherwise than the flags say is refused in the flags'
+// names: a command-line user has no Config to set.
+func TestStatsLayoutNamesTheFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		made, given []string
+		want        string
+	}{
+		{[]string{"-partitioning", "daily"}, nil, "is partitioned by processed_at but -partitioning is none"},
+		{nil, []string{"-partitioning", "daily"}, "is not partitioned but -partitioning is daily"},
+		{[]string{"-partitioning", "daily", "-partition-key", "event_time"}, []string{"-partitioning", "daily"}, "is partitioned by event_time but -partition-key is processed_at"},
+	} {
+		f := setup(t, postgres, tc.made...)
+		for sub, more := range map[string][]string{
+			"stats":  nil,
+			"forget": {"-consumer", "billing", "-from", "2000-01-01"},
+			"purge":  {"-retention", "30d"},
+		} {
+			args := append(append([]string{}, tc.given...), more...)
+			code, out, errOut := f.run(t, sub, args...)
+			require.Equal(t, exitFailed, code, "%s %v: %s", sub, tc.given, out)
+			require.Contains(t, errOut, f.table+" "+tc.want, "%s %v", sub, tc.given)
+			require.Contains(t, errOut, "-partitioning and -partition-key must describe the table as created")
+			require.NotContains(t, errOut, "Config.", "%s %v", sub, tc.given)
+		}
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 // Stats of an empty table, a missing one, through a read-only user, and

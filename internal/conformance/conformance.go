@@ -1,7 +1,3 @@
-// Package conformance is the behaviour every dialect and driver must show
-// behind the inbox middleware: one suite, run by sqlinbox's tests against
-// each real database. Differences between databases are Target fields, not
-// branches scattered through the tests.
 package conformance
 
 import (

@@ -1,6 +1,3 @@
-// Package depstest checks what a package links, so that a program importing
-// it gets no database driver or library it did not ask for: a driver linked
-// is also a driver registered with database/sql.
 package depstest
 
 import (
@@ -17,6 +14,16 @@ var Drivers = []string{
 	"github.com/jackc/pgx",
 	"github.com/lib/pq",
 	"modernc.org/sqlite",
+}
+
+// TestHelpers are the module's packages that only tests import. They link
+// testify and read the test servers' settings, which a program using the
+// library must not carry: no shipped package may link one.
+var TestHelpers = []string{
+	"github.com/watermill-inbox/inbox/internal/conformance",
+	"github.com/watermill-inbox/inbox/internal/depstest",
+	"github.com/watermill-inbox/inbox/internal/servicetest",
+	"github.com/watermill-inbox/inbox/internal/testdb",
 }
 
 // Deps returns the import paths pkg depends on, itself included, as

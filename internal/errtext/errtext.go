@@ -4,7 +4,7 @@ package errtext
 
 import "fmt"
 
-// maxQuoted is how many bytes of a value Quote shows: enough to recognise
+// maxQuoted is how many bytes of a value [Quote] shows: enough to recognise
 // an event id or a consumer, short enough for one log line whatever the
 // producer sent.
 const maxQuoted = 64

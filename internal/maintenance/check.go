@@ -2,8 +2,8 @@ package maintenance
 
 import "time"
 
-// Aspects of an inbox table that Store.Check compares with the store's
-// configuration, one Finding each.
+// Aspects of an inbox table that [Store.Check] compares with the store's
+// configuration, one [Finding] each.
 const (
 	AspectLayout      = "layout"             // partitioned or not
 	AspectColumns     = "columns"            // consumer, event_id, processed_at and their types
@@ -13,7 +13,7 @@ const (
 	AspectPartitions  = "partitions"         // the current period and those ahead, and the default partition
 )
 
-// TableCheck is what Store.Check found.
+// TableCheck is what [Store.Check] found.
 type TableCheck struct {
 	// Exists is false when the table does not exist; Findings is then
 	// empty.
@@ -28,8 +28,8 @@ type Finding struct {
 	// Found is what the table has; Want, when not OK, what the
 	// configuration needs.
 	Found, Want string
-	// Blocked lists, for AspectPartitions, the periods (the current one and
-	// those ahead) whose partition is missing and cannot be created,
+	// Blocked lists, for [AspectPartitions], the periods (the current one
+	// and those ahead) whose partition is missing and cannot be created,
 	// because the default partition holds rows of them.
 	Blocked []BlockedPeriod
 }
@@ -38,7 +38,7 @@ type Finding struct {
 // default partition holds rows of it: on a table partitioned by event
 // time, events dated ahead of the clock; on one partitioned by
 // processed_at, claims made while no partition covered the period.
-// PurgeSession.MoveBlocked creates the partition with them.
+// [PurgeSession.MoveBlocked] creates the partition with them.
 type BlockedPeriod struct {
 	Partition
 	// Rows is how many rows of the period the default partition holds;

@@ -1,8 +1,8 @@
 // Package maintenance is the seam between the inbox stores and the code that
-// looks after an inbox table rather than claiming in it (package purge, the
+// looks after an inbox table rather than claiming in it (package [purge], the
 // operator command), or claims in it through another driver with the
-// store's SQL (pgxinbox). A store implements Store in its own package, next to
-// its SQL (sqlinbox today), and hands it out through its one Maintenance
+// store's SQL ([pgxinbox]). A store implements [Store] in its own package, next
+// to its SQL ([sqlinbox] today), and hands it out through its one Maintenance
 // method; callers never see the store's types.
 //
 // Nothing here is for users. The types are internal to this module and
@@ -10,8 +10,12 @@
 // public API to what users call.
 //
 // Work that must not run in two instances at once happens in a session
-// (PurgeSession) holding the table's purge lock. New operations join Store, or a session, as methods: each store
-// then implements them with its own SQL.
+// ([PurgeSession]) holding the table's purge lock. New operations join Store,
+// or a session, as methods: each store then implements them with its own SQL.
+//
+// [purge]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge
+// [pgxinbox]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox
+// [sqlinbox]: https://pkg.go.dev/github.com/watermill-inbox/inbox/sqlinbox
 package maintenance
 
 import (
@@ -56,8 +60,8 @@ type Store interface {
 	Stats(ctx context.Context) (Stats, error)
 	// Check compares the table with the store's configuration; on a
 	// partitioned table it also wants the partitions of the next ahead
-	// periods. A table that does not exist is a TableCheck with Exists
-	// false, not an error.
+	// periods. A table that does not exist is a [TableCheck] with
+	// [TableCheck.Exists] false, not an error.
 	Check(ctx context.Context, ahead int) (TableCheck, error)
 	// AddFingerprintColumn adds the fingerprint column to the table unless
 	// it has one, and reports whether it added it.
@@ -72,8 +76,8 @@ type Store interface {
 	// It waits for a claim of the same event in flight, as a claim would,
 	// and a claim arriving meanwhile waits for it. Ids must be valid and
 	// in canonical form (the store's CheckEventID). The claims come back
-	// sorted as Claims sorts them; on an error, those removed before it.
-	// A refused write wraps ErrReadOnly.
+	// sorted as [Store.Claims] sorts them; on an error, those removed
+	// before it. A refused write wraps [ErrReadOnly].
 	Forget(ctx context.Context, consumer string, eventIDs []string) ([]Claim, error)
 }
 
@@ -83,11 +87,11 @@ type Store interface {
 // database does not use that timeout (SQLite neither; MySQL 8 no statement
 // timeout).
 type Limits struct {
-	// StatementTimeout bounds the timeout of PurgeSession.DeleteBatch:
+	// StatementTimeout bounds the timeout of [PurgeSession.DeleteBatch]:
 	// PostgreSQL's statement_timeout, MariaDB's max_statement_time.
 	StatementTimeout time.Duration
-	// LockTimeout bounds the lockTimeout of PurgeSession.CreatePartitions
-	// and DropPartition: PostgreSQL's lock_timeout.
+	// LockTimeout bounds the lockTimeout of [PurgeSession.CreatePartitions]
+	// and [PurgeSession.DropPartition]: PostgreSQL's lock_timeout.
 	LockTimeout time.Duration
 	// OneWriter: the database lets one writer at a time (SQLite), so every
 	// claim waits behind a purge batch, not only those of its rows; the

@@ -8,12 +8,14 @@ import (
 )
 
 // ErrPurgeTimeout means one purge statement ran longer than the timeout
-// given to PurgeSession.DeleteBatch (or, on SQLite, waited longer than the
+// given to [PurgeSession.DeleteBatch] (or, on SQLite, waited longer than the
 // busy timeout for the write lock) and was cancelled; nothing of that batch
-// was deleted. Package purge answers it with a smaller batch.
+// was deleted. Package [purge] answers it with a smaller batch.
+//
+// [purge]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge
 var ErrPurgeTimeout = errors.New("purge statement timed out")
 
-// ErrTableMismatch means PurgeSession.CheckTable found the table in a shape
+// ErrTableMismatch means [PurgeSession.CheckTable] found the table in a shape
 // the purge cannot compare times in: the wrong type for its time column, or
 // (SQLite) rows whose time is text in another form. Nothing was deleted.
 var ErrTableMismatch = errors.New("the purge refuses this table")
@@ -21,10 +23,12 @@ var ErrTableMismatch = errors.New("the purge refuses this table")
 // ErrLockTimeout means DDL (creating or dropping a partition, creating the
 // table's index) did not get its table lock within the lock timeout, so as
 // not to keep claims queued behind it; nothing was changed. It is not
-// inbox.ErrInFlight, which is about a claim.
+// [inbox.ErrInFlight], which is about a claim.
+//
+// [inbox.ErrInFlight]: https://pkg.go.dev/github.com/watermill-inbox/inbox#ErrInFlight
 var ErrLockTimeout = errors.New("the table lock was not granted within the lock timeout (a long transaction holds the table; claims would have queued behind the wait)")
 
-// Busy is another session holding a table's purge lock, as BeginPurge
+// Busy is another session holding a table's purge lock, as [Store.BeginPurge]
 // finds it: that round is doing the work.
 type Busy struct {
 	// HeldFor is how long it has held the lock by the database clock, and
@@ -56,10 +60,10 @@ type PurgeScope struct {
 	// OlderThan is the retention: rows younger than this stay.
 	OlderThan time.Duration
 	// Consumer limits the pass to one consumer. When empty, the pass covers
-	// every consumer not listed in Except.
+	// every consumer not listed in [PurgeScope.Except].
 	Consumer string
 	// Except lists consumers the pass leaves alone (those with their own
-	// retention). Ignored when Consumer is set.
+	// retention). Ignored when [PurgeScope.Consumer] is set.
 	Except []string
 }
 
@@ -70,14 +74,14 @@ type PurgeScope struct {
 // works behind a transaction-pooling proxy. Close it to release the lock
 // and the connections.
 //
-// The partition methods are for a partitioned table (Store.Partitioned);
+// The partition methods are for a partitioned table ([Store.Partitioned]);
 // on a plain one they fail.
 type PurgeSession interface {
 	// CheckTable verifies, before anything is deleted, that the purge
 	// compares the table's times correctly: the time column's type
 	// (PostgreSQL timestamptz, MySQL DATETIME(6)), and on SQLite that every
 	// row's time is text in the one form that sorts as time. A table that
-	// fails returns an error wrapping ErrTableMismatch that says what is
+	// fails returns an error wrapping [ErrTableMismatch] that says what is
 	// wrong and how to migrate. It reads the catalog (on SQLite the
 	// processed_at index, once through), so the purge runs it once.
 	CheckTable(ctx context.Context) error
@@ -85,11 +89,12 @@ type PurgeSession interface {
 	// DeleteBatch deletes at most limit rows of scope, oldest first, in one
 	// transaction, and returns how many it deleted. A statement running
 	// longer than timeout (0: no limit) is cancelled by the database and
-	// reported as an error wrapping ErrPurgeTimeout. It first makes sure
+	// reported as an error wrapping [ErrPurgeTimeout]. It first makes sure
 	// the session still holds the purge lock, and fails if not.
 	DeleteBatch(ctx context.Context, scope PurgeScope, limit int, timeout time.Duration) (int64, error)
 	// CountExpired returns, per consumer, how many rows of scope are old
-	// enough for DeleteBatch to remove. It deletes nothing (a dry run).
+	// enough for [PurgeSession.DeleteBatch] to remove. It deletes nothing
+	// (a dry run).
 	CountExpired(ctx context.Context, scope PurgeScope) (map[string]int64, error)
 
 	// Partitions lists the time partitions of the table, oldest first.
@@ -98,12 +103,13 @@ type PurgeSession interface {
 	// database clock) and of the next ahead periods, skipping those that
 	// exist, and says what became of each missing one.
 	CreatePartitions(ctx context.Context, ahead int, lockTimeout time.Duration) (Partitions, error)
-	// MoveBlocked creates the partition of a period that CreatePartitions
-	// returned as blocked, moving the default partition's rows of the
-	// period into it, in one transaction that holds the table's exclusive
-	// lock (claims wait for it; lockTimeout bounds the wait for the lock),
-	// and returns how many rows it moved. Every claim stays: a copy of a
-	// moved event is still a duplicate.
+	// MoveBlocked creates the partition of a period that
+	// [PurgeSession.CreatePartitions] returned as blocked, moving the
+	// default partition's rows of the period into it, in one transaction
+	// that holds the table's exclusive lock (claims wait for it;
+	// lockTimeout bounds the wait for the lock), and returns how many rows
+	// it moved. Every claim stays: a copy of a moved event is still a
+	// duplicate.
 	MoveBlocked(ctx context.Context, part Partition, lockTimeout time.Duration) (moved int64, err error)
 	// ExpiredPartitions returns the partitions whose every row is older
 	// than olderThan by the database clock, oldest first.
@@ -112,21 +118,21 @@ type PurgeSession interface {
 	CountPartition(ctx context.Context, part Partition) (map[string]int64, error)
 	// DropPartition drops one partition with all its rows; lockTimeout
 	// bounds the wait for the table lock it needs, after which it fails
-	// with an error wrapping ErrLockTimeout.
+	// with an error wrapping [ErrLockTimeout].
 	DropPartition(ctx context.Context, part Partition, lockTimeout time.Duration) error
 
 	// Close releases the purge lock and the connections.
 	Close() error
 }
 
-// Partitions is what CreatePartitions (or CreateSchema) made of the missing
-// partitions of the periods it keeps ready.
+// Partitions is what [PurgeSession.CreatePartitions] (or CreateSchema) made of
+// the missing partitions of the periods it keeps ready.
 type Partitions struct {
 	Created []Partition
 	// Blocked periods already have rows in the default partition, so they
 	// cannot get a partition of their own (PostgreSQL refuses); their rows
-	// are purged from the default partition by DeleteBatch. Finding one
-	// costs an index probe, not the table lock.
+	// are purged from the default partition by [PurgeSession.DeleteBatch].
+	// Finding one costs an index probe, not the table lock.
 	Blocked []Partition
 	// TimedOut did not get the table lock within the lock timeout; the
 	// next round (or the purge, after CreateSchema) tries again.

@@ -2,7 +2,7 @@ package maintenance
 
 import "time"
 
-// Stats is what an inbox table holds, read by Store.Stats.
+// Stats is what an inbox table holds, read by [Store.Stats].
 type Stats struct {
 	// Now is the database clock when the statistics were read; LastHour
 	// and LastDay count back from it.
@@ -28,8 +28,9 @@ type ConsumerStats struct {
 	LastHour, LastDay int64     // claims made in the last hour and day
 	// OldestEvent and NewestEvent are the earliest and latest event_time
 	// of the consumer's claims on a table partitioned by event time
-	// (UTC), zero on other tables. An event dated ahead of Now lands in
-	// the default partition when no partition covers its period yet.
+	// (UTC), zero on other tables. An event dated ahead of [Stats.Now]
+	// lands in the default partition when no partition covers its period
+	// yet.
 	OldestEvent, NewestEvent time.Time
 }
 

@@ -1,7 +1,3 @@
-// Package testdb hands tests real databases: connections from environment
-// variables with localhost defaults, and table names unique to each test so
-// tests run in parallel on one database. The repository's test.sh starts
-// throwaway servers when none answers and exports these variables.
 package testdb
 
 import (

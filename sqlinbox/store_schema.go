@@ -3,6 +3,7 @@ package sqlinbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,17 +18,85 @@ import (
 // deploy.
 const SchemaLockTimeout = time.Second
 
-// partitionsStep stands in schemaObjects for the statement creating the
-// coming time partitions.
-var partitionsStep = tableName{}
-
 // ErrLockTimeout is wrapped by the error of DDL that did not get its table
 // lock within its lock timeout and gave up, changing nothing: CreateSchema
-// adding the index of an existing table (SchemaLockTimeout), or the purge
+// adding the index of an existing table ([SchemaLockTimeout]), or the purge
 // dropping a partition (purge.Config.LockTimeout). A long transaction holds
 // the table; retry when it is gone. It is not [inbox.ErrInFlight], which is
 // a claim's.
 var ErrLockTimeout = maintenance.ErrLockTimeout
+
+// SchemaSQL returns the DDL CreateSchema runs, as one script, for migration
+// tools. Every statement is idempotent. It ends with the consumer registry
+// (RegistryTable), which a table created by an earlier release lacks: apply
+// the script again, or that one CREATE TABLE.
+//
+// CreateSchema leaves an existing table as it is: to turn [Config.Fingerprints]
+// on for a table made without it, run AddFingerprintColumnSQL once.
+func (s *Store) SchemaSQL() string {
+	return strings.Join(s.q.schema, ";\n\n") + ";\n"
+}
+
+// SchemaStatements returns the statements of SchemaSQL one by one, without
+// their final semicolons, for a migration tool that takes statements rather
+// than a script. A tool that splits a file at semicolons must be told where
+// a statement ends: on a partitioned table the last one is a DO block with
+// semicolons of its own (goose: between -- +goose StatementBegin and
+// -- +goose StatementEnd, as inbox schema -format goose prints it).
+func (s *Store) SchemaStatements() []string { return slices.Clone(s.q.schema) }
+
+// AddFingerprintColumnSQL returns the statement that adds the fingerprint
+// column ([Config.Fingerprints]) to an inbox table created without it, for a
+// migration tool. It adds a nullable column in place, without rewriting the
+// table on PostgreSQL and MariaDB:
+//
+//	ALTER TABLE watermill_inbox ADD COLUMN IF NOT EXISTS fingerprint bytea  -- PostgreSQL
+//	ALTER TABLE watermill_inbox ADD COLUMN fingerprint VARBINARY(64) NULL   -- MySQL/MariaDB
+//	ALTER TABLE watermill_inbox ADD COLUMN fingerprint BLOB                 -- SQLite
+//
+// Only PostgreSQL's form may run twice.
+func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
+
+// CreateSchema creates the inbox table, its index and the consumer registry
+// (RegistryTable) if they do not exist, and on a partitioned table the
+// partitions of the current period and the [SchemaPartitionsAhead] next ones.
+// It is safe to call on every start, from several instances at once, while
+// others claim and purge, and adds the registry beside a table an earlier
+// release created.
+//
+// On PostgreSQL it runs only the DDL of what is missing, and no statement
+// waits longer than [SchemaLockTimeout] for a table lock, so claims never
+// queue behind it for longer: a partition it cannot create in time, or
+// whose period's rows already went to the default partition, is left to
+// the purge and logged through [Config.Logger]; the index of an existing
+// table that lacks it fails with an error wrapping [ErrLockTimeout].
+func (s *Store) CreateSchema(ctx context.Context) error {
+	if s.q.schemaObjects != nil {
+		return s.createSchemaPostgres(ctx)
+	}
+	if !s.q.schemaInTx {
+		for _, stmt := range s.q.schema {
+			if _, err := s.db.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
+			}
+		}
+		return nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	for _, stmt := range s.q.schema {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
+	}
+	return nil
+}
 
 // createSchemaPostgres is CreateSchema on PostgreSQL: the statements of
 // what is missing in one transaction, then the partitions one by one.
@@ -64,7 +133,7 @@ func (s *Store) createMissing(ctx context.Context) error {
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
 	// Other instances' CreateSchema hold the lock briefly: each of their
-	// statements waits at most SchemaLockTimeout, so this wait has no
+	// statements waits at most [SchemaLockTimeout], so this wait has no
 	// timeout of its own.
 	if _, err := tx.ExecContext(ctx, pgSchemaLock(s.table)); err != nil {
 		return err
