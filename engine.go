@@ -29,13 +29,13 @@ import (
 // calls back into none of them.
 type engine struct {
 	config  Config
-	checkID func(id string) (string, error) // the store's EventIDChecker, or nil
+	checkID func(id string) (string, error) // the store's [EventIDChecker], or nil
 
 	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
 	txUseMu      sync.RWMutex
 	txUse        map[string]txUse // per consumer, for reportUnusedTx (wiring.go)
 
-	observers []Observer // Config.Observer, inbox.Observers flattened (observe.go)
+	observers []Observer // [Config.Observer], [Observers] flattened (observe.go)
 	panics    observerPanics
 
 	publisherMu sync.RWMutex

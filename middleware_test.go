@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/conformance"
+	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -94,7 +94,7 @@ func (w *wiring) publish(t *testing.T, topic string, ids ...string) {
 	for _, id := range ids {
 		msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 		msg.Metadata.Set(inbox.DefaultEventIDMetadataKey, id)
-		conformance.PublishWithin(t, w.ps, topic, msg)
+		conformancetest.PublishWithin(t, w.ps, topic, msg)
 	}
 }
 
@@ -225,7 +225,7 @@ func TestMiddlewareOrders(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			w := newWiring(t)
-			conformance.RunRouter(t, func(r *message.Router) { tc.wire(r, w.middleware(t, inbox.Config{}), w.ps, w.handler(tc.fail)) })
+			conformancetest.RunRouter(t, func(r *message.Router) { tc.wire(r, w.middleware(t, inbox.Config{}), w.ps, w.handler(tc.fail)) })
 			events := make([]string, tc.events)
 			for i := range events {
 				events[i] = fmt.Sprintf("ev-%d", i)
@@ -261,9 +261,9 @@ func TestPoisonQueueInsideTheInbox(t *testing.T) {
 			// Collected outside the router and its inbox: inside, the
 			// collector's claim would wait for SQLite's write lock, held by
 			// the transaction whose PoisonQueue is publishing to it.
-			poisoned := conformance.Collect(t, w.ps, "poison")
+			poisoned := conformancetest.Collect(t, w.ps, "poison")
 			rec := &recorder{}
-			conformance.RunRouter(t, func(r *message.Router) {
+			conformancetest.RunRouter(t, func(r *message.Router) {
 				mw := w.middleware(t, inbox.Config{Observer: rec})
 				h := w.handler(failFirst(1))
 				if tc.inside {
@@ -292,7 +292,7 @@ func TestPoisonQueueInsideTheInbox(t *testing.T) {
 			}
 
 			// An operator replays the event from the poison queue.
-			conformance.PublishWithin(t, w.ps, "events", replay)
+			conformancetest.PublishWithin(t, w.ps, "events", replay)
 			require.Equal(t, 1, w.effects(t))
 			require.Equal(t, 1, w.claims(t))
 			require.Equal(t, 2, w.attemptsOf("billing/a"))
@@ -309,7 +309,7 @@ func TestUnusedTxReportedOncePerConsumer(t *testing.T) {
 	w := newWiring(t)
 	_, err := w.db.Exec(`CREATE TABLE outbox (uuid TEXT NOT NULL)`)
 	require.NoError(t, err)
-	conformance.RunRouter(t, func(r *message.Router) {
+	conformancetest.RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(w.middleware(t, inbox.Config{
 			ProducedPublisher: func(ctx context.Context) (message.Publisher, error) {
 				tx, _ := inbox.TxFromContext(ctx)
@@ -374,9 +374,9 @@ func TestInboxAppliedTwice(t *testing.T) {
 	w := newWiring(t)
 	errs := make(chan error, 1)
 	var called atomic.Bool
-	conformance.RunRouter(t, func(r *message.Router) {
+	conformancetest.RunRouter(t, func(r *message.Router) {
 		mw := w.middleware(t, inbox.Config{})
-		r.AddMiddleware(conformance.ErrorsTo(errs), mw)
+		r.AddMiddleware(conformancetest.ErrorsTo(errs), mw)
 		r.AddConsumerHandler("billing", "events", w.ps, inbox.ConsumerHandler(mw, func(*message.Message) error {
 			called.Store(true)
 			return nil

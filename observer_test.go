@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/conformance"
+	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -117,9 +117,9 @@ func (p panicky) Start(ctx context.Context) (context.Context, func(inbox.Observa
 func TestObserverPanicChangesNothing(t *testing.T) {
 	t.Parallel()
 	w := newWiring(t)
-	produced := conformance.Payloads(t, w.ps, "out")
+	produced := conformancetest.Payloads(t, w.ps, "out")
 	var failures atomic.Int64
-	conformance.RunRouter(t, func(r *message.Router) {
+	conformancetest.RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(middleware.Recoverer, w.middleware(t, inbox.Config{Observer: panicky{start: map[string]bool{"starts": true}}}))
 		for _, name := range []string{"starts", "dones"} {
 			r.AddHandler(name, name, w.ps, "out", w.ps, func(msg *message.Message) ([]*message.Message, error) {
@@ -142,7 +142,7 @@ func TestObserverPanicChangesNothing(t *testing.T) {
 		failing := message.NewMessage(watermill.NewUUID(), nil)
 		failing.Metadata.Set(inbox.DefaultEventIDMetadataKey, "b")
 		failing.Metadata.Set("fail", "yes")
-		conformance.PublishWithin(t, w.ps, name, failing)
+		conformancetest.PublishWithin(t, w.ps, name, failing)
 	}
 	require.EqualValues(t, 2, failures.Load(), "each failed attempt was nacked and redelivered")
 	require.ElementsMatch(t, []string{"starts", "starts", "dones", "dones"}, produced(), "one produced message per event")

@@ -26,7 +26,7 @@ type session struct {
 	msg         *message.Message // the message the session was opened for
 	txTaken     atomic.Bool      // the handler asked for the transaction
 	txNotNeeded atomic.Bool      // the handler declared it writes nothing in SQL
-	calls       atomic.Int32     // handler calls through inbox.Handler
+	calls       atomic.Int32     // handler calls through [Handler]
 }
 
 type sessionKey struct{}

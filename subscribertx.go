@@ -56,9 +56,11 @@ func lookupSubscriberTx(ctx context.Context) subscriberTx {
 }
 
 // standIn returns ctx with tx, the claim's transaction as the handler writes
-// through it (a [*sql.Tx] or a pgx.Tx), in the subscriber's transaction's
+// through it (a [*sql.Tx] or a [pgx.Tx]), in the subscriber's transaction's
 // place. The error, wrapping [ErrSubscriberTx], is for a transaction tx cannot
 // stand in for.
+//
+// [pgx.Tx]: https://pkg.go.dev/github.com/jackc/pgx/v5#Tx
 func (st subscriberTx) standIn(ctx context.Context, tx any) (context.Context, error) {
 	v, err := standIn(st.value, tx)
 	if err != nil {
@@ -178,7 +180,7 @@ var contextType = reflect.TypeFor[context.Context]()
 // A parent is a field whose type is a context; the standard library's
 // contexts keep theirs in an embedded Context or in c, and a struct
 // embedded in a context (timerCtx's cancelCtx) is searched as part of it.
-// Keys are those of context.WithValue, in a field named key. Fields are
+// Keys are those of [context.WithValue], in a field named key. Fields are
 // only read: the keys are rebuilt from their type and text, so that
 // ctx.Value, not reflection, reads what is stored under them.
 func (f *txFinder) walk(ctx context.Context) (keys []any, visited []reflect.Value, unknown bool) {
@@ -226,7 +228,7 @@ func (f *txFinder) walk(ctx context.Context) (keys []any, visited []reflect.Valu
 }
 
 // contextPlan lists, for one context type, the fields that hold a parent
-// and the interface fields named key (context.WithValue's valueCtx keeps its
+// and the interface fields named key ([context.WithValue]'s valueCtx keeps its
 // key there), as index paths through embedded structs. Only fields that
 // never change after the context is made are read: a cancelCtx's err and
 // cause are written by cancel, without a lock this walk could take. Plans
@@ -264,9 +266,13 @@ func (p *contextPlan) add(t reflect.Type, prefix []int) {
 }
 
 // standIn returns what takes value's place for the handler: tx as it is
-// when it has value's type (v3's *sql.Tx), else a copy of value's wrapper
-// with its exported Tx field replaced (v4's *sql.StdSQLTx around a *sql.Tx,
-// *sql.PgxTx around a pgx.Tx).
+// when it has value's type (v3's [*sql.Tx]), else a copy of value's wrapper
+// with its exported Tx field replaced (v4's [*sql.StdSQLTx] around a *sql.Tx,
+// [*sql.PgxTx] around a [pgx.Tx]).
+//
+// [*sql.StdSQLTx]: https://pkg.go.dev/github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql#StdSQLTx
+// [*sql.PgxTx]: https://pkg.go.dev/github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql#PgxTx
+// [pgx.Tx]: https://pkg.go.dev/github.com/jackc/pgx/v5#Tx
 func standIn(value, tx any) (any, error) {
 	txType, vt := reflect.TypeOf(tx), reflect.TypeOf(value)
 	if txType.AssignableTo(vt) {

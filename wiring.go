@@ -9,9 +9,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// poisonReasonKey is Watermill's middleware.ReasonForPoisonedKey, the
-// metadata PoisonQueue sets on a message it takes. Spelled out so that the
+// poisonReasonKey is Watermill's [middleware.ReasonForPoisonedKey], the
+// metadata [PoisonQueue] sets on a message it takes. Spelled out so that the
 // library does not link Watermill's middleware package.
+//
+// [middleware.ReasonForPoisonedKey]: https://pkg.go.dev/github.com/ThreeDotsLabs/watermill/message/router/middleware#ReasonForPoisonedKey
+// [PoisonQueue]: https://pkg.go.dev/github.com/ThreeDotsLabs/watermill/message/router/middleware#PoisonQueue
 const poisonReasonKey = "reason_poisoned"
 
 // checkWiring refuses, before any SQL, a message the middleware would handle
@@ -129,8 +132,11 @@ func (e *engine) reportWrongAccessor(s *session, accessor string) {
 }
 
 // storeAccessor names the transaction accessor of store's package, by the
-// convention of this module's stores: pgxinbox.TxFromContext for a
-// *pgxinbox.Store.
+// convention of this module's stores: [pgxinbox.TxFromContext] for a
+// [*pgxinbox.Store].
+//
+// [pgxinbox.TxFromContext]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#TxFromContext
+// [*pgxinbox.Store]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#Store
 func storeAccessor(store Store) string {
 	t := reflect.TypeOf(store)
 	if t.Kind() == reflect.Pointer {

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/conformance"
+	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -41,21 +41,21 @@ func TestConformance(t *testing.T) {
 		}
 		t.Run(target.Name, func(t *testing.T) {
 			t.Parallel()
-			conformance.Run(t, target)
+			conformancetest.Run(t, target)
 		})
 	}
 }
 
 // nativeTarget is the suite on pgxinbox.Store, its pools opened on dsn.
-func nativeTarget(name, dsn string) conformance.Target {
-	return conformance.Target{
+func nativeTarget(name, dsn string) conformancetest.Target {
+	return conformancetest.Target{
 		Name:                    name,
 		Dialect:                 sqlinbox.PostgreSQL,
 		Open:                    func(t testing.TB) *sql.DB { return testdb.Postgres(t, "pgx") },
-		Placeholder:             conformance.Dollar,
+		Placeholder:             conformancetest.Dollar,
 		FailedStatementAbortsTx: true,
 		ClaimTimeout:            true,
-		Native: &conformance.Native{
+		Native: &conformancetest.Native{
 			Store: func(t testing.TB, sc sqlinbox.Config) (inbox.Store, func(), error) {
 				pool, err := pgxpool.New(context.Background(), dsn)
 				require.NoError(t, err)

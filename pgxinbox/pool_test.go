@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/conformance"
+	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -44,7 +44,7 @@ func TestHandlerTakingSecondConnection(t *testing.T) {
 				require.NoError(t, store.CreateSchema(ctx))
 				mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 				require.NoError(t, err)
-				handled, errs := conformance.PoolMisuse(t, mw, 4, 2, func(ctx context.Context) error {
+				handled, errs := conformancetest.PoolMisuse(t, mw, 4, 2, func(ctx context.Context) error {
 					var one int
 					return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
 				})

@@ -50,7 +50,10 @@ var (
 
 // NewStore returns a [Store] for pool, configured as a [sqlinbox.Store]:
 // config.Dialect may be left empty (PostgreSQL is the only dialect pgx
-// speaks). Closing the store does not close the pool.
+// speaks), and any other dialect is refused. It takes [sqlinbox.Config]
+// itself rather than a type of its own so that one configuration serves a
+// service's stores, its purge and its schema alike, whichever driver holds
+// the pool. Closing the store does not close the pool.
 func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgxinbox: invalid config: pool is nil")

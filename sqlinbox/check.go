@@ -11,7 +11,7 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// Check implements maintenance.Store. It reads the catalog only, so a
+// Check implements [maintenance.Store]. It reads the catalog only, so a
 // read-only user can run it.
 func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableCheck, error) {
 	const doing = "checking"
@@ -74,7 +74,7 @@ func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableChec
 }
 
 // indexFinding wants an index that leads with processed_at; leads are the
-// first columns of the table's indexes. A table partitioned by EventIDTime
+// first columns of the table's indexes. A table partitioned by [EventIDTime]
 // needs none: its partitions are dropped by event time, and its primary
 // key serves the oldest claim.
 func (m maintainer) indexFinding(leads []string) maintenance.Finding {
@@ -180,7 +180,8 @@ func (m maintainer) fingerprintFinding(q maintenanceQueries, cols []column) main
 // partition is not required: the purge deletes rows of the period from the
 // default partition. A period of these without its partition whose rows
 // the default partition already holds is listed as blocked: no purge can
-// create its partition until they are moved (PurgeSession.MoveBlocked).
+// create its partition until they are moved
+// ([maintenance.PurgeSession.MoveBlocked]).
 func (m maintainer) partitionsFinding(ctx context.Context, q maintenanceQueries, ahead int) (maintenance.Finding, error) {
 	f := maintenance.Finding{Aspect: maintenance.AspectPartitions}
 	parts, err := timePartitions(ctx, m.s.db, m.s.table)
@@ -236,7 +237,7 @@ func (m maintainer) partitionsFinding(ctx context.Context, q maintenanceQueries,
 	return f, nil
 }
 
-// AddFingerprintColumn implements maintenance.Store: only PostgreSQL can
+// AddFingerprintColumn implements [maintenance.Store]: only PostgreSQL can
 // add a column IF NOT EXISTS, so the others look first.
 func (m maintainer) AddFingerprintColumn(ctx context.Context) (bool, error) {
 	const doing = "adding the fingerprint column to"

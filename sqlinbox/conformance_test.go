@@ -7,7 +7,7 @@ import (
 	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/conformance"
+	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -16,7 +16,7 @@ import (
 // dialect and driver.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, target := range []conformance.Target{
+	for _, target := range []conformancetest.Target{
 		postgresTarget("PostgreSQL/lib-pq", "postgres"),
 		postgresTarget("PostgreSQL/pgx-stdlib", "pgx"),
 		partitioned(postgresTarget("PostgreSQL/daily-partitions", "pgx"), sqlinbox.Daily),
@@ -27,7 +27,7 @@ func TestConformance(t *testing.T) {
 			Name:             "MySQL/go-sql-driver",
 			Dialect:          sqlinbox.MySQL,
 			Open:             testdb.MySQL,
-			Placeholder:      conformance.Question,
+			Placeholder:      conformancetest.Question,
 			ClaimTimeout:     true,
 			ClaimTimeoutUnit: time.Second,
 			TextColumn:       "VARBINARY(255)",
@@ -36,23 +36,23 @@ func TestConformance(t *testing.T) {
 			Name:        "SQLite/modernc",
 			Dialect:     sqlinbox.SQLite,
 			Open:        testdb.SQLite,
-			Placeholder: conformance.Question,
+			Placeholder: conformancetest.Question,
 			ProcessedAt: func(t time.Time) any { return t.UTC().Format("2006-01-02T15:04:05.000Z") },
 		},
 	} {
 		t.Run(target.Name, func(t *testing.T) {
 			t.Parallel()
-			conformance.Run(t, target)
+			conformancetest.Run(t, target)
 		})
 	}
 }
 
-func postgresTarget(name, driver string) conformance.Target {
-	return conformance.Target{
+func postgresTarget(name, driver string) conformancetest.Target {
+	return conformancetest.Target{
 		Name:                    name,
 		Dialect:                 sqlinbox.PostgreSQL,
 		Open:                    func(t testing.TB) *sql.DB { return testdb.Postgres(t, driver) },
-		Placeholder:             conformance.Dollar,
+		Placeholder:             conformancetest.Dollar,
 		FailedStatementAbortsTx: true,
 		ClaimTimeout:            true,
 	}
@@ -61,18 +61,18 @@ func postgresTarget(name, driver string) conformance.Target {
 // pooled reaches the target's PostgreSQL through PgBouncer in transaction
 // pooling mode with driver, and the DSN settings and the Config
 // docs/poolers.md give.
-func pooled(target conformance.Target, driver string) conformance.Target {
+func pooled(target conformancetest.Target, driver string) conformancetest.Target {
 	target.Open = func(t testing.TB) *sql.DB { return testdb.PgBouncer(t, driver) }
 	target.TransactionPooling = true
 	return target
 }
 
-func partitioned(target conformance.Target, mode sqlinbox.Partitioning) conformance.Target {
+func partitioned(target conformancetest.Target, mode sqlinbox.Partitioning) conformancetest.Target {
 	target.Partitioning = mode
 	return target
 }
 
-func eventIDTime(target conformance.Target) conformance.Target {
+func eventIDTime(target conformancetest.Target) conformancetest.Target {
 	target.Partitioning, target.EventIDTime = sqlinbox.Daily, true
 	return target
 }

@@ -7,12 +7,13 @@ import (
 	"time"
 )
 
-// Dialect is the SQL flavour of a database: PostgreSQL, MySQL or SQLite. Its
-// methods are unexported; the dialects this package offers are the only ones.
+// Dialect is the SQL flavour of a database: [PostgreSQL], [MySQL] or [SQLite].
+// Its methods are unexported; the dialects this package offers are the only
+// ones.
 type Dialect interface {
 	fmt.Stringer
 
-	// queries builds every statement once, when the Store is created.
+	// queries builds every statement once, when the [Store] is created.
 	queries(t tableName, c Config) queries
 	// classify turns a driver error into one the middleware understands
 	// (lock and busy timeouts wrap [inbox.ErrInFlight]); others pass through.
@@ -26,20 +27,21 @@ type Dialect interface {
 }
 
 // queries holds a store's SQL text, built once. Differences between dialects
-// live here as data rather than as branches in Store.
+// live here as data rather than as branches in [Store].
 type queries struct {
-	// schema is the DDL, run in order by CreateSchema.
+	// schema is the DDL, run in order by [Store.CreateSchema].
 	schema []string
 	// schemaInTx runs schema inside one transaction.
 	schemaInTx bool
 	// schemaObjects, when set, names the relation each statement of schema
-	// creates, and CreateSchema runs only the statements whose relation is
-	// missing, in one transaction that first takes the schema lock, under a
-	// lock timeout (PostgreSQL: even CREATE INDEX IF NOT EXISTS first takes
-	// a lock that waits for every transaction writing to the table, and
-	// claims queue behind that wait). partitionsStep marks the DO block
-	// creating the coming time partitions: CreateSchema makes them one by
-	// one instead, each under a lock timeout, as the purge does.
+	// creates, and [Store.CreateSchema] runs only the statements whose
+	// relation is missing, in one transaction that first takes the schema
+	// lock, under a lock timeout (PostgreSQL: even CREATE INDEX IF NOT
+	// EXISTS first takes a lock that waits for every transaction writing to
+	// the table, and claims queue behind that wait). partitionsStep marks
+	// the DO block creating the coming time partitions: CreateSchema makes
+	// them one by one instead, each under a lock timeout, as the purge
+	// does.
 	schemaObjects []tableName
 	// claim inserts (consumer, event_id) and affects one row when the pair is
 	// new, zero when it already exists; it must never fail on a conflict.
@@ -66,11 +68,11 @@ type queries struct {
 	// the claim at one statement.
 	beforeClaim      string
 	checkBeforeClaim func(result string) error
-	// verify checks, once per Store before the first claim, that the
+	// verify checks, once per [Store] before the first claim, that the
 	// connection settings let claim report affected rows exactly.
 	verify func(ctx context.Context, db *sql.DB, q queries) error
-	// configErr, when set, is why the dialect cannot honour the Config; New
-	// returns it.
+	// configErr, when set, is why the dialect cannot honour the [Config];
+	// [New] returns it.
 	configErr error
 	// registry is the consumer registry's SQL; its table ends schema.
 	registry registryQueries

@@ -18,10 +18,10 @@ import (
 //
 // The DSN must not set clientFoundRows=true: it makes a duplicate report one
 // affected row, like a new claim, and the store refuses to claim on such a
-// connection. Config.ClaimTimeout needs MariaDB (see there); on MySQL 8,
+// connection. [Config.ClaimTimeout] needs MariaDB (see there); on MySQL 8,
 // bound every lock wait of the connection with the DSN parameter
 // innodb_lock_wait_timeout=N instead, whose expiry also surfaces as
-// inbox.ErrInFlight.
+// [inbox.ErrInFlight].
 var MySQL Dialect = mysqlDialect{}
 
 type mysqlDialect struct{}
@@ -34,7 +34,7 @@ func (mysqlDialect) String() string { return "mysql" }
 var ErrClientFoundRows = errors.New("sqlinbox: the MySQL connection reports found rows instead of affected rows (DSN option clientFoundRows=true), so a duplicate looks like a new claim; remove clientFoundRows from the DSN")
 
 // ErrClaimTimeoutUnsupported is returned by the first claim when
-// Config.ClaimTimeout is set and the database cannot bound a single
+// [Config.ClaimTimeout] is set and the database cannot bound a single
 // statement's lock wait (MySQL 8, unlike MariaDB).
 var ErrClaimTimeoutUnsupported = errors.New("sqlinbox: ClaimTimeout is not supported by this database")
 

@@ -15,12 +15,12 @@ import (
 // SQLite has one writer at a time: a claim takes the database's write lock
 // and keeps it until the handler's transaction ends, so handlers run one
 // after another, and a second router on the same file waits for the lock.
-// Open the database with SQLiteDSN, or with the same three settings:
+// Open the database with [SQLiteDSN], or with the same three settings:
 //
 //   - _pragma=busy_timeout(ms): wait this long for the write lock instead of
 //     failing at once. When it expires the claim fails with an error wrapping
-//     inbox.ErrInFlight, the message is nacked and retried; nothing was
-//     written. It is SQLite's claim timeout (Config.ClaimTimeout is refused).
+//     [inbox.ErrInFlight], the message is nacked and retried; nothing was
+//     written. It is SQLite's claim timeout ([Config.ClaimTimeout] is refused).
 //   - _pragma=journal_mode(WAL): readers do not block the writer, so COMMIT
 //     never waits for them.
 //   - _txlock=immediate: BEGIN takes the write lock, so the wait happens
@@ -36,12 +36,12 @@ type sqlite struct{}
 
 func (sqlite) String() string { return "sqlite" }
 
-// DefaultSQLiteBusyTimeout is the write-lock wait SQLiteDSN sets.
+// DefaultSQLiteBusyTimeout is the write-lock wait [SQLiteDSN] sets.
 const DefaultSQLiteBusyTimeout = 5 * time.Second
 
 // SQLiteDSN returns a modernc.org/sqlite data source name for the database
 // file at path with the settings the inbox needs under concurrency: a busy
-// timeout of DefaultSQLiteBusyTimeout, WAL journal and transactions that
+// timeout of [DefaultSQLiteBusyTimeout], WAL journal and transactions that
 // take the write lock at BEGIN.
 //
 //	db, err := sql.Open("sqlite", sqlinbox.SQLiteDSN("app.db"))
@@ -103,9 +103,11 @@ const (
 	sqliteLocked = 6 // SQLITE_LOCKED: a conflict inside a shared cache
 )
 
-// sqliteCoder is implemented by modernc.org/sqlite's *sqlite.Error, so
+// sqliteCoder is implemented by modernc.org/sqlite's [*sqlite.Error], so
 // errors are recognised by result code without importing the driver (and
 // its C-to-Go translated library) into every program that uses sqlinbox.
+//
+// [*sqlite.Error]: https://pkg.go.dev/modernc.org/sqlite#Error
 type sqliteCoder interface{ Code() int }
 
 func (sqlite) claimTimeoutLimit() (time.Duration, string) { return 0, "" }

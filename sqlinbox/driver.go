@@ -8,11 +8,11 @@ import (
 	"strings"
 )
 
-// driverDialects are the database/sql drivers whose dialect is known from
+// driverDialects are the [database/sql] drivers whose dialect is known from
 // the package of their driver type, which db.Driver() returns without a
 // round trip. A driver wrapped by another package (a tracing or metrics
-// wrapper) is not recognised and passes: CreateSchema and the first claim
-// still recognise the database by the errors it answers with.
+// wrapper) is not recognised and passes: [Store.CreateSchema] and the first
+// claim still recognise the database by the errors it answers with.
 var driverDialects = []struct {
 	module  string
 	dialect Dialect
@@ -26,7 +26,7 @@ var driverDialects = []struct {
 	{"github.com/glebarez/go-sqlite", SQLite},
 }
 
-// checkDriver refuses a Dialect that does not match db's driver, naming
+// checkDriver refuses a [Dialect] that does not match db's driver, naming
 // both: PostgreSQL's SQL sent to MySQL fails much later with messages that
 // never say "dialect" (FUNCTION pg_advisory_xact_lock does not exist).
 func checkDriver(db *sql.DB, d Dialect) error {

@@ -4,7 +4,7 @@ import "reflect"
 
 // The driver's error type, recognised by name rather than by importing it:
 // importing github.com/go-sql-driver/mysql registers the "mysql" driver with
-// database/sql in every program that uses sqlinbox, and links it, whether or
+// [database/sql] in every program that uses sqlinbox, and links it, whether or
 // not the program speaks to MySQL. The driver offers no method or interface
 // that carries the error number (PostgreSQL's drivers share SQLState(),
 // modernc's Code()), so its struct is read by reflection. Tests against the
@@ -16,8 +16,10 @@ const (
 	mysqlErrorField   = "Number"
 )
 
-// mysqlErrorNumber returns the error number of the first *mysql.MySQLError
-// in err's tree (as errors.As walks it), and false when there is none.
+// mysqlErrorNumber returns the error number of the first [*mysql.MySQLError]
+// in err's tree (as [errors.As] walks it), and false when there is none.
+//
+// [*mysql.MySQLError]: https://pkg.go.dev/github.com/go-sql-driver/mysql#MySQLError
 func mysqlErrorNumber(err error) (uint64, bool) {
 	if err == nil {
 		return 0, false

@@ -17,7 +17,7 @@ import (
 // default).
 const forgetBatch = 500
 
-// Claims implements maintenance.Store.
+// Claims implements [maintenance.Store].
 func (m maintainer) Claims(ctx context.Context, f maintenance.ClaimFilter) ([]maintenance.Claim, error) {
 	const doing = "listing the claims of"
 	q, err := m.queries()
@@ -53,7 +53,7 @@ func (m maintainer) Claims(ctx context.Context, f maintenance.ClaimFilter) ([]ma
 	return out, nil
 }
 
-// Forget implements maintenance.Store, forgetBatch ids per transaction. A
+// Forget implements [maintenance.Store], forgetBatch ids per transaction. A
 // claim's lock differs per database, and Forget takes it the same way:
 //
 //   - PostgreSQL, plain table: the key's index entry. A DELETE does not see
@@ -62,7 +62,7 @@ func (m maintainer) Claims(ctx context.Context, f maintenance.ClaimFilter) ([]ma
 //     claim arriving later waits for Forget, then finds no row.
 //   - PostgreSQL, partitioned by processed_at: the advisory lock on the
 //     event's key, which every claim takes first.
-//   - PostgreSQL, partitioned by EventIDTime: as a plain table, each pair
+//   - PostgreSQL, partitioned by [EventIDTime]: as a plain table, each pair
 //     inserted with its id's time, into the partition its claim goes to.
 //   - MySQL/MariaDB: the rows' locks, through SELECT ... FOR UPDATE under
 //     REPEATABLE READ, whose gap locks also hold back claims of ids that
@@ -157,7 +157,7 @@ func (m maintainer) forget(ctx context.Context, q maintenanceQueries, consumer s
 
 // lookupArgs are the parameters of the statements that look up a
 // consumer's claims of ids: the consumer, the ids, and on a table
-// partitioned by EventIDTime each id's time after them, as the claim
+// partitioned by [EventIDTime] each id's time after them, as the claim
 // computes it, so that PostgreSQL reads only the ids' partitions.
 func (m maintainer) lookupArgs(consumer string, ids []string) ([]any, error) {
 	args := claimArgs(consumer, ids)

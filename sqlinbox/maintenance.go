@@ -10,9 +10,11 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// Maintenance returns the store's maintenance seam, for package purge and
+// Maintenance returns the store's maintenance seam, for package [purge] and
 // the inbox command; its type is internal to this module and may change in
 // any release.
+//
+// [purge]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge
 func (s *Store) Maintenance() maintenance.Store {
 	if s == nil {
 		return nil
@@ -20,7 +22,7 @@ func (s *Store) Maintenance() maintenance.Store {
 	return maintainer{s}
 }
 
-// maintainer implements maintenance.Store with the store's dialect.
+// maintainer implements [maintenance.Store] with the store's dialect.
 type maintainer struct{ s *Store }
 
 var _ maintenance.Store = maintainer{}
@@ -65,7 +67,7 @@ func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
 	}
 }
 
-// DownSQL implements maintenance.Store.
+// DownSQL implements [maintenance.Store].
 func (m maintainer) DownSQL() (dropTable, dropFingerprint string) {
 	q, err := m.queries()
 	if err != nil {
@@ -109,7 +111,7 @@ type maintenanceQueries struct {
 
 	// claimsOf returns event_id and processed_at of a consumer's claims of
 	// n event ids; parameters: the consumer, then the ids, then on a table
-	// partitioned by EventIDTime each id's time (lookupArgs).
+	// partitioned by [EventIDTime] each id's time (lookupArgs).
 	claimsOf func(n int) string
 	// claimsBetween returns the same for from <= processed_at < to;
 	// parameters: the consumer, timeArg(from), timeArg(to).
@@ -143,7 +145,7 @@ type maintenanceQueries struct {
 	// indexLeads returns the first column of each index.
 	indexLeads string
 	// wantColumns are the columns the configuration needs, with their
-	// types; fingerprint is wanted only with Config.Fingerprints.
+	// types; fingerprint is wanted only with [Config.Fingerprints].
 	wantColumns map[string]string
 
 	// dropTable and dropFingerprint undo the schema and the fingerprint
@@ -175,7 +177,7 @@ func (m maintainer) queries() (maintenanceQueries, error) {
 func (m maintainer) fail(doing string, err error) error { return m.s.maintenanceErr(doing, err) }
 
 // maintenanceErr wraps err for a maintenance operation on the table,
-// marking refused writes with maintenance.ErrReadOnly.
+// marking refused writes with [maintenance.ErrReadOnly].
 func (s *Store) maintenanceErr(doing string, err error) error {
 	if md, ok := s.dialect.(maintenanceDialect); ok && md.readOnly(err) {
 		return fmt.Errorf("sqlinbox: %s %s: %w: %w", doing, s.table, maintenance.ErrReadOnly, err)

@@ -29,9 +29,11 @@ const defaultPartitionSuffix = "default"
 // before it started, and only a statement started after the lock was granted
 // sees the row of the transaction that held it. For the same reason the
 // claim refuses REPEATABLE READ and SERIALIZABLE, whose snapshot is taken by
-// the first statement, before the wait. A pipeline (pgxinbox.Store) may send both
-// statements at once: each still takes its snapshot when the server
+// the first statement, before the wait. A pipeline ([pgxinbox.Store]) may send
+// both statements at once: each still takes its snapshot when the server
 // reaches it, after the previous one finished.
+//
+// [pgxinbox.Store]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#Store
 func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string) queries {
 	table := t.quoted('"')
 	// Advisory locks are database-wide: the key hashes the table's OID with
@@ -82,7 +84,7 @@ ON CONFLICT DO NOTHING`, table, idType, cols, fpVal),
 }
 
 // verifyLayout checks, before the first claim, that the table is
-// partitioned exactly when the Config says so, and by the Config's key. A
+// partitioned exactly when the [Config] says so, and by the Config's key. A
 // table partitioned by processed_at claimed with the plain ON CONFLICT
 // claim would let duplicates through, since its key includes processed_at.
 func verifyLayout(t tableName, c Config) func(ctx context.Context, db *sql.DB, q queries) error {
@@ -178,15 +180,15 @@ func covered(existing []maintenance.Partition, part maintenance.Partition) bool 
 }
 
 // makePartitions creates the missing partitions of the current period (by
-// the database clock) and of the ahead next ones, for CreateSchema and the
-// purge alike. A period whose rows already went to the default partition is
-// found by an index probe of that partition and left alone: trying would
-// take the table's ACCESS EXCLUSIVE lock, queue every claim behind it, and
-// fail. Each partition is created in a transaction of its own, which first
-// takes the schema lock (so that instances creating the same partition take
-// turns instead of colliding in the catalog, and every DDL takes its locks
-// in one order: schema lock, then table) and then waits at most lockTimeout
-// for the table lock; a period that times out is left for the next call.
+// the database clock) and of the ahead next ones, for [Store.CreateSchema] and
+// the purge alike. A period whose rows already went to the default partition is
+// found by an index probe of that partition and left alone: trying would take
+// the table's ACCESS EXCLUSIVE lock, queue every claim behind it, and fail.
+// Each partition is created in a transaction of its own, which first takes the
+// schema lock (so that instances creating the same partition take turns instead
+// of colliding in the catalog, and every DDL takes its locks in one order:
+// schema lock, then table) and then waits at most lockTimeout for the table
+// lock; a period that times out is left for the next call.
 func makePartitions(ctx context.Context, db conner, t tableName, c Config, ahead int, lockTimeout time.Duration) (maintenance.Partitions, error) {
 	var out maintenance.Partitions
 	existing, err := timePartitions(ctx, db, t)
@@ -259,15 +261,17 @@ func blockedPeriod(ctx context.Context, db rowQuerier, t tableName, key Partitio
 }
 
 // SchemaPartitionsAhead is how many partitions after the current period's
-// CreateSchema creates, as package purge's rounds do by default
-// (purge.DefaultPartitionsAhead): claims land in time partitions from the
+// [Store.CreateSchema] creates, as package purge's rounds do by default
+// ([purge.DefaultPartitionsAhead]): claims land in time partitions from the
 // first message, not in the default partition.
+//
+// [purge.DefaultPartitionsAhead]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge#DefaultPartitionsAhead
 const SchemaPartitionsAhead = 3
 
 // pgCreatePartitions is a DO block creating the partitions of the current
 // period (by the database clock, in UTC) and of the [SchemaPartitionsAhead]
 // next ones, named as partitionFor names them. It is the same text every
-// day, so SchemaSQL stays a fixed script. A partition the default
+// day, so [Store.SchemaSQL] stays a fixed script. A partition the default
 // partition holds rows of (check_violation) or that overlaps an existing
 // one (invalid_object_definition, as after a change from monthly to daily)
 // is left out: the purge reports it.

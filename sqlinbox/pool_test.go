@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/conformance"
+	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -52,7 +52,7 @@ func TestHandlerTakingSecondConnection(t *testing.T) {
 				if size == 1 {
 					events, copies = 1, 1 // each waits PoolWaitTimeout once or twice
 				}
-				handled, errs := conformance.PoolMisuse(t, mw, events, copies, func(ctx context.Context) error {
+				handled, errs := conformancetest.PoolMisuse(t, mw, events, copies, func(ctx context.Context) error {
 					var one int
 					return db.QueryRowContext(ctx, "SELECT 1").Scan(&one)
 				})

@@ -12,7 +12,7 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// purgeDialect is what a dialect offers the purge, kept apart from Dialect
+// purgeDialect is what a dialect offers the purge, kept apart from [Dialect]
 // so a dialect without it still stores claims.
 type purgeDialect interface {
 	purgeQueries(t tableName, c Config) purgeQueries
@@ -49,7 +49,7 @@ type purgeQueries struct {
 	waitForBatch func(ctx context.Context, conn *sql.Conn, attempt func() (int64, error)) (int64, error)
 }
 
-// scopeShape is what of a maintenance.PurgeScope changes the SQL text.
+// scopeShape is what of a [maintenance.PurgeScope] changes the SQL text.
 type scopeShape struct {
 	consumer bool // consumer = ?
 	except   int  // consumer NOT IN (?, ...)
@@ -119,7 +119,7 @@ type purgeLock interface {
 	release() error
 }
 
-// purgeSession implements maintenance.PurgeSession: the round's statements
+// purgeSession implements [maintenance.PurgeSession]: the round's statements
 // on a dedicated connection, the table's purge lock (where the database
 // needs one) on another.
 type purgeSession struct {
@@ -132,7 +132,7 @@ type purgeSession struct {
 
 var _ maintenance.PurgeSession = (*purgeSession)(nil)
 
-// beginPurge implements maintenance.Store.BeginPurge.
+// beginPurge implements [maintenance.Store.BeginPurge].
 func (s *Store) beginPurge(ctx context.Context) (*purgeSession, *maintenance.Busy, error) {
 	pd, ok := s.dialect.(purgeDialect)
 	if !ok {
@@ -191,14 +191,14 @@ func (p *purgeSession) checkLock(ctx context.Context) error {
 }
 
 // discard closes conn, ending its database session (and any lock it
-// holds), instead of returning it to the pool: driver.ErrBadConn from Raw
-// makes database/sql drop the connection.
+// holds), instead of returning it to the pool: [driver.ErrBadConn] from
+// [sql.Conn.Raw] makes [database/sql] drop the connection.
 func discard(conn *sql.Conn) {
 	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	_ = conn.Close()
 }
 
-// DeleteBatch implements maintenance.PurgeSession.
+// DeleteBatch implements [maintenance.PurgeSession].
 func (p *purgeSession) DeleteBatch(ctx context.Context, scope maintenance.PurgeScope, limit int, timeout time.Duration) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("sqlinbox: purge batch size must be positive, got %d", limit)
@@ -239,7 +239,7 @@ func (p *purgeSession) deleteBatch(ctx context.Context, scope maintenance.PurgeS
 	return n, nil
 }
 
-// CountExpired implements maintenance.PurgeSession.
+// CountExpired implements [maintenance.PurgeSession].
 func (p *purgeSession) CountExpired(ctx context.Context, scope maintenance.PurgeScope) (map[string]int64, error) {
 	rows, err := p.conn.QueryContext(ctx, p.q.countExpired(shapeOf(scope)), scopeArgs(scope)...)
 	if err != nil {

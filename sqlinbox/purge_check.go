@@ -33,7 +33,7 @@ func purgeTimeColumn(c Config) string {
 	return "processed_at"
 }
 
-// CheckTable implements maintenance.PurgeSession with the column checks of
+// CheckTable implements [maintenance.PurgeSession] with the column checks of
 // inbox check (Check's columns query and wanted types).
 func (p *purgeSession) CheckTable(ctx context.Context) error {
 	md, ok := p.s.dialect.(maintenanceDialect)

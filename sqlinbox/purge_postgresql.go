@@ -116,7 +116,7 @@ func (l pgPurgeLock) check(ctx context.Context, _ *sql.Conn) error {
 }
 
 // release rolls the lock's transaction back. A transaction already ended
-// (its context cancelled, which makes database/sql roll it back) released
+// (its context cancelled, which makes [database/sql] roll it back) released
 // the lock too.
 func (l pgPurgeLock) release() error {
 	if err := l.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {

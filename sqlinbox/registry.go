@@ -13,7 +13,8 @@ const registrySuffix = "consumers"
 // ([inbox.ConsumerRegistry]). It is read once per consumer and process, never
 // per message, so it is a plain table on every dialect and layout.
 type registryQueries struct {
-	// create makes the table; CreateSchema and SchemaSQL end with it.
+	// create makes the table; [Store.CreateSchema] and [Store.SchemaSQL]
+	// end with it.
 	create string
 	// register inserts (consumer, service) unless the consumer has a row,
 	// never failing on the key; owner then reads the consumer's service.

@@ -1,10 +1,10 @@
 package sqlinbox
 
 // The PostgreSQL SQL that the plain and the partitioned tables,
-// CreateSchema, the purge and Forget share: the claim's insert and its lock
-// timeout, the schema and event locks, DDL under a lock timeout, and
-// SQLSTATE codes. It uses nothing else of the package but tableName, so
-// every PostgreSQL file reads down into it and none back up.
+// [Store.CreateSchema], the purge and Forget share: the claim's insert and its
+// lock timeout, the schema and event locks, DDL under a lock timeout, and
+// SQLSTATE codes. It uses nothing else of the package but tableName, so every
+// PostgreSQL file reads down into it and none back up.
 
 import (
 	"context"
@@ -18,9 +18,12 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// sqlState is implemented by PostgreSQL driver errors (lib/pq's *pq.Error and
-// pgx's *pgconn.PgError), so errors are recognised by SQLSTATE code without
+// sqlState is implemented by PostgreSQL driver errors (lib/pq's [*pq.Error] and
+// pgx's [*pgconn.PgError]), so errors are recognised by SQLSTATE code without
 // importing either driver.
+//
+// [*pq.Error]: https://pkg.go.dev/github.com/lib/pq#Error
+// [*pgconn.PgError]: https://pkg.go.dev/github.com/jackc/pgx/v5/pgconn#PgError
 type sqlState interface{ SQLState() string }
 
 func pgCode(err error) string {
@@ -72,12 +75,12 @@ lt AS (SELECT set_config('lock_timeout', '%dms', true) FROM prev)
 // before pgClaimTimeout.
 const pgRestoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('watermill_inbox.lock_timeout'), true)`
 
-// pgSchemaLock serialises concurrent CreateSchema calls: concurrent CREATE
-// TABLE IF NOT EXISTS can still collide in the catalog (unique violation on
-// pg_type), so instances starting together take turns on a
-// transaction-scoped advisory lock. The table may not exist yet, so the key
-// is its schema-qualified name, an unqualified one completed with the
-// schema CREATE TABLE uses: "inbox" and "public.inbox" share the lock.
+// pgSchemaLock serialises concurrent [Store.CreateSchema] calls: concurrent
+// CREATE TABLE IF NOT EXISTS can still collide in the catalog (unique violation
+// on pg_type), so instances starting together take turns on a
+// transaction-scoped advisory lock. The table may not exist yet, so the key is
+// its schema-qualified name, an unqualified one completed with the schema
+// CREATE TABLE uses: "inbox" and "public.inbox" share the lock.
 func pgSchemaLock(t tableName) string {
 	schema := "COALESCE(current_schema(), '')"
 	if t.schema != "" {
@@ -106,17 +109,17 @@ func pgEventLock(t tableName, consumer, eventID string) string {
 		t.quoted('"'), consumer, consumer, eventID)
 }
 
-// rowQuerier is a *sql.DB or a *sql.Conn.
+// rowQuerier is a [*sql.DB] or a [*sql.Conn].
 type rowQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// queryer is a *sql.DB or a *sql.Conn.
+// queryer is a [*sql.DB] or a [*sql.Conn].
 type queryer interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-// conner is a *sql.DB or a *sql.Conn.
+// conner is a [*sql.DB] or a [*sql.Conn].
 type conner interface {
 	queryer
 	rowQuerier

@@ -10,7 +10,7 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// Stats implements maintenance.Store. The counts per consumer read the
+// Stats implements [maintenance.Store]. The counts per consumer read the
 // whole table (no index covers them); the sizes and partition estimates
 // come from the catalog.
 func (m maintainer) Stats(ctx context.Context) (maintenance.Stats, error) {
@@ -128,7 +128,7 @@ func (m maintainer) partitionStats(ctx context.Context, q maintenanceQueries) ([
 	return out, nil
 }
 
-// Consumers implements maintenance.Store.
+// Consumers implements [maintenance.Store].
 func (m maintainer) Consumers(ctx context.Context) ([]string, error) {
 	q, err := m.queries()
 	if err != nil {

@@ -1,13 +1,15 @@
-// Package sqlinbox stores inbox claims in a SQL database through database/sql:
-// PostgreSQL (lib/pq or pgx's stdlib), MySQL/MariaDB (go-sql-driver/mysql) and
-// SQLite (modernc.org/sqlite). All of the library's SQL lives in this package;
-// pgxinbox sends the same statements through pgx.
+// Package sqlinbox stores inbox claims in a SQL database through
+// [database/sql]: PostgreSQL (lib/pq or pgx's stdlib), MySQL/MariaDB
+// (go-sql-driver/mysql) and SQLite (modernc.org/sqlite). All of the library's
+// SQL lives in this package; [pgxinbox] sends the same statements through pgx.
 //
 // It links no database driver: import the one you use, as for any
 // database/sql program. Driver errors are recognised without the drivers'
 // packages (PostgreSQL's by their SQLSTATE method, MySQL's by the error
 // type's shape), so a program built for SQLite carries no PostgreSQL or
 // MySQL driver.
+//
+// [pgxinbox]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox
 package sqlinbox
 
 import (
@@ -28,10 +30,10 @@ import (
 // DefaultTable is the inbox table's name when [Config.Table] is empty.
 const DefaultTable = "watermill_inbox"
 
-// Config configures New.
+// Config configures [New].
 type Config struct {
-	// Dialect is the database's SQL flavour: PostgreSQL, MySQL or SQLite.
-	// Required.
+	// Dialect is the database's SQL flavour: [PostgreSQL], [MySQL] or
+	// [SQLite]. Required.
 	Dialect Dialect
 
 	// Table is the inbox table, optionally schema-qualified ("app.inbox"):
@@ -42,8 +44,9 @@ type Config struct {
 	// uuid, 16 bytes instead of 37 and a smaller index; MySQL BINARY(16);
 	// SQLite keeps text) and rejects ids that are not UUIDs with
 	// [inbox.ErrInvalidEventID] before any SQL runs. Ids are stored in
-	// canonical lowercase form. It must match the table CreateSchema made.
-	// Defaults to false: any id up to [inbox.MaxEventIDLength] bytes.
+	// canonical lowercase form. It must match the table
+	// [Store.CreateSchema] made. Defaults to false: any id up to
+	// [inbox.MaxEventIDLength] bytes.
 	UUIDEventIDs bool
 
 	// ClaimTimeout bounds how long a claim waits for another transaction
@@ -55,36 +58,39 @@ type Config struct {
 	// set for the claim and then put back to the session's value;
 	// MariaDB innodb_lock_wait_timeout through SET STATEMENT, whole seconds
 	// rounded up (MySQL 8 cannot scope it to a statement and the first claim
-	// fails with [ErrClaimTimeoutUnsupported]); SQLite refuses it in New, its
-	// DSN's busy_timeout is the bound. New refuses one longer than the
+	// fails with [ErrClaimTimeoutUnsupported]); SQLite refuses it in [New],
+	// its DSN's busy_timeout is the bound. New refuses one longer than the
 	// setting takes: 2,147,483,647 ms (24.8 days) on PostgreSQL,
 	// 100,000,000 s on MariaDB. Defaults to 0: wait until the other
 	// transaction ends.
 	ClaimTimeout time.Duration
 
-	// Partitioning makes CreateSchema create a PostgreSQL table partitioned
-	// by time ([Daily] or [Monthly]), with the partitions of the current period
-	// and of the [SchemaPartitionsAhead] next ones, whose purge drops whole
-	// partitions instead of deleting rows; see package purge. It must match
-	// the table CreateSchema made. Defaults to [NoPartitioning].
+	// Partitioning makes [Store.CreateSchema] create a PostgreSQL table
+	// partitioned by time ([Daily] or [Monthly]), with the partitions of
+	// the current period and of the [SchemaPartitionsAhead] next ones,
+	// whose purge drops whole partitions instead of deleting rows; see
+	// package purge. It must match the table CreateSchema made. Defaults to
+	// [NoPartitioning].
 	Partitioning Partitioning
 
-	// PartitionKey is the time Partitioning splits by. [ProcessedAt] takes
-	// any event id, but each claim first takes a lock on the event's key so
-	// that a duplicate is found in any partition (one more round trip on
-	// database/sql, none on a pgxinbox.Store, whose batch carries it), and
-	// needs READ COMMITTED. [EventIDTime] claims as fast as a plain table, but
-	// takes only ids that carry their time (UUIDv7, ULID). It must match the
-	// table CreateSchema made. Defaults to [ProcessedAt].
+	// PartitionKey is the time [Config.Partitioning] splits by.
+	// [ProcessedAt] takes any event id, but each claim first takes a lock
+	// on the event's key so that a duplicate is found in any partition (one
+	// more round trip on database/sql, none on a pgxinbox.Store, whose
+	// batch carries it), and needs READ COMMITTED. [EventIDTime] claims as
+	// fast as a plain table, but takes only ids that carry their time
+	// (UUIDv7, ULID). It must match the table [Store.CreateSchema] made.
+	// Defaults to [ProcessedAt].
 	PartitionKey PartitionKey
 
 	// Fingerprints adds a nullable fingerprint column to the table
-	// CreateSchema makes (PostgreSQL bytea, MySQL VARBINARY(64), SQLite
-	// BLOB) and makes the Store an [inbox.FingerprintChecker], for the
-	// middleware's id-reuse detection ([inbox.Config.Fingerprint]). An
-	// existing table needs the column added once; see SchemaSQL. Rows
-	// claimed before have no fingerprint and never count as a reused id.
-	// Defaults to false: the claim writes two columns, as it always did.
+	// [Store.CreateSchema] makes (PostgreSQL bytea, MySQL VARBINARY(64),
+	// SQLite BLOB) and makes the [Store] an [inbox.FingerprintChecker], for
+	// the middleware's id-reuse detection ([inbox.Config.Fingerprint]). An
+	// existing table needs the column added once; see [Store.SchemaSQL].
+	// Rows claimed before have no fingerprint and never count as a reused
+	// id. Defaults to false: the claim writes two columns, as it always
+	// did.
 	Fingerprints bool
 
 	// TransactionPooling declares that the store reaches PostgreSQL through
@@ -101,20 +107,20 @@ type Config struct {
 	// saves lib/pq a round trip per message. A store that then finds its
 	// prepared claim lost (SQLSTATE 26000 or 42P05, which only such a
 	// proxy causes) claims unprepared from then on, saying so once through
-	// Logger, and retries that claim, losing nothing; until then, lib/pq's
-	// numbered statement names can make a claim run another program's
-	// statement of the same number, so set it behind a proxy.
+	// [Config.Logger], and retries that claim, losing nothing; until then,
+	// lib/pq's numbered statement names can make a claim run another
+	// program's statement of the same number, so set it behind a proxy.
 	TransactionPooling bool
 
 	// Logger receives what the store does on its own: partitions
-	// CreateSchema leaves to the purge, and a store that finds itself
-	// behind a transaction-pooling proxy (see TransactionPooling).
-	// Defaults to watermill.NopLogger.
+	// [Store.CreateSchema] leaves to the purge, and a store that finds
+	// itself behind a transaction-pooling proxy (see
+	// [Config.TransactionPooling]). Defaults to [watermill.NopLogger].
 	Logger watermill.LoggerAdapter
 }
 
 // Store records inbox claims in one table. It implements [inbox.Store]. It does
-// not own the *sql.DB: close the database yourself, after Close.
+// not own the [*sql.DB]: close the database yourself, after [Store.Close].
 type Store struct {
 	db      *sql.DB
 	dialect Dialect
@@ -137,12 +143,13 @@ var (
 	_ inbox.ClaimPool          = (*Store)(nil)
 )
 
-// New returns a Store for db. It validates the configuration but does not
-// touch the database; call CreateSchema (or apply SchemaSQL with a migration
-// tool) before the first message. A Dialect that does not match db's driver
-// (PostgreSQL on go-sql-driver/mysql) is refused; a driver New cannot
-// recognise (wrapped by a tracing package) passes, and then CreateSchema
-// and the first claim name the mismatch from the database's answer.
+// New returns a [Store] for db. It validates the configuration but does not
+// touch the database; call [Store.CreateSchema] (or apply [Store.SchemaSQL]
+// with a migration tool) before the first message. A [Dialect] that does not
+// match db's driver ([PostgreSQL] on go-sql-driver/mysql) is refused; a driver
+// New cannot recognise (wrapped by a tracing package) passes, and then
+// CreateSchema and the first claim name the mismatch from the database's
+// answer.
 func New(db *sql.DB, config Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlinbox: invalid config: db is nil")
@@ -195,8 +202,8 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	return s, nil
 }
 
-// ClaimPool implements [inbox.ClaimPool]: db, its SetMaxOpenConns limit
-// and its count of callers that waited for a connection, so that the
+// ClaimPool implements [inbox.ClaimPool]: db, its [sql.DB.SetMaxOpenConns]
+// limit and its count of callers that waited for a connection, so that the
 // middleware leaves one connection free and watches a pool of one.
 func (s *Store) ClaimPool() (pool any, maxConns int, waits int64) {
 	st := s.db.Stats()
@@ -381,7 +388,7 @@ func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, 
 }
 
 // eventIDTime returns the time inside id, for a table partitioned by it;
-// an id without one is refused as inbox.CheckEventID would refuse it.
+// an id without one is refused as [Store.CheckEventID] would refuse it.
 func (s *Store) eventIDTime(id string) (time.Time, error) {
 	at, err := inbox.ParseTimeInEventID(id)
 	if err != nil {
@@ -410,8 +417,8 @@ func (s *Store) verify(ctx context.Context) error {
 	return nil
 }
 
-// claimStmt prepares the claim once per Store (database/sql then prepares it
-// once per connection). A failure is not cached: the next message retries,
+// claimStmt prepares the claim once per [Store] ([database/sql] then prepares
+// it once per connection). A failure is not cached: the next message retries,
 // so a store created before its table works once the table exists.
 func (s *Store) claimStmt(ctx context.Context) (*sql.Stmt, error) {
 	if stmt := s.claimSQL.Load(); stmt != nil {
@@ -463,7 +470,7 @@ func (s *Store) claimUnprepared(err error) {
 	s.config.Logger.Error("Inbox: the prepared claim was lost between server connections, so a transaction-pooling proxy (PgBouncer pool_mode=transaction) stands between this store and PostgreSQL; claiming unprepared from now on. Set sqlinbox.Config.TransactionPooling to start so: until a store notices, a numbered prepared statement can reach a connection where another program's statement holds that number", err, watermill.LogFields{"table": s.table.String()})
 }
 
-// Close releases the prepared claim statement. The Store can still be used
+// Close releases the prepared claim statement. The [Store] can still be used
 // afterwards; it prepares the statement again.
 func (s *Store) Close() error {
 	s.mu.Lock()
@@ -474,8 +481,8 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// CheckEventID implements [inbox.EventIDChecker]. In UUIDEventIDs mode it
-// rejects ids that are not UUIDs and returns the canonical lowercase form;
+// CheckEventID implements [inbox.EventIDChecker]. In [Config.UUIDEventIDs] mode
+// it rejects ids that are not UUIDs and returns the canonical lowercase form;
 // on a table partitioned by [EventIDTime] it rejects ids that carry no time;
 // otherwise every id passes unchanged.
 func (s *Store) CheckEventID(id string) (string, error) {
@@ -539,7 +546,7 @@ func (s *Store) claimed(n int64) (bool, error) {
 }
 
 // dialectErr wraps err, returned by the database for the store's SQL, with
-// the dialect mismatch it shows, if any: the check in New lets wrapped
+// the dialect mismatch it shows, if any: the check in [New] lets wrapped
 // drivers through, the database's own errors do not.
 func (s *Store) dialectErr(err error) error {
 	found := answeredAs(err)

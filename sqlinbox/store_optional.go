@@ -9,10 +9,12 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 )
 
-// A Store implements, beside [inbox.Store], the optional interfaces the
+// A [Store] implements, beside [inbox.Store], the optional interfaces the
 // middleware and the metrics look for: [inbox.ConsumerRegistry] (the
 // registry's SQL is in registry.go), [inbox.TxWriteCounter] (txwrites.go),
-// and OldestClaim, which package prommetrics reads.
+// and [Store.OldestClaim], which package [prommetrics] reads.
+//
+// [prommetrics]: https://pkg.go.dev/github.com/watermill-inbox/inbox/prommetrics
 var (
 	_ inbox.ConsumerRegistry = (*Store)(nil)
 	_ inbox.TxWriteCounter   = (*Store)(nil)
@@ -69,8 +71,8 @@ func (s *Store) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, boo
 	return n, ok, nil
 }
 
-// txWritesSQL returns the statement CountTxWrites runs, for a store that
-// sends it through another driver ([maintenance.ClaimSQL]), "" when the
+// txWritesSQL returns the statement [Store.CountTxWrites] runs, for a store
+// that sends it through another driver ([maintenance.ClaimSQL]), "" when the
 // dialect cannot count.
 func (s *Store) txWritesSQL() string {
 	if d, ok := s.dialect.(txWritesDialect); ok {

@@ -12,37 +12,38 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// SchemaLockTimeout is the longest CreateSchema waits for a table lock on
-// PostgreSQL. Claims queue behind DDL waiting for a lock, so this is also
-// the longest a claim waits behind CreateSchema, as at every rolling
-// deploy.
+// SchemaLockTimeout is the longest [Store.CreateSchema] waits for a table lock
+// on PostgreSQL. Claims queue behind DDL waiting for a lock, so this is also
+// the longest a claim waits behind CreateSchema, as at every rolling deploy.
 const SchemaLockTimeout = time.Second
 
 // ErrLockTimeout is wrapped by the error of DDL that did not get its table
-// lock within its lock timeout and gave up, changing nothing: CreateSchema
-// adding the index of an existing table ([SchemaLockTimeout]), or the purge
-// dropping a partition (purge.Config.LockTimeout). A long transaction holds
-// the table; retry when it is gone. It is not [inbox.ErrInFlight], which is
-// a claim's.
+// lock within its lock timeout and gave up, changing nothing:
+// [Store.CreateSchema] adding the index of an existing table
+// ([SchemaLockTimeout]), or the purge dropping a partition
+// ([purge.Config.LockTimeout]). A long transaction holds the table; retry when
+// it is gone. It is not [inbox.ErrInFlight], which is a claim's.
+//
+// [purge.Config.LockTimeout]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge#Config.LockTimeout
 var ErrLockTimeout = maintenance.ErrLockTimeout
 
-// SchemaSQL returns the DDL CreateSchema runs, as one script, for migration
-// tools. Every statement is idempotent. It ends with the consumer registry
-// (RegistryTable), which a table created by an earlier release lacks: apply
-// the script again, or that one CREATE TABLE.
+// SchemaSQL returns the DDL [Store.CreateSchema] runs, as one script, for
+// migration tools. Every statement is idempotent. It ends with the consumer
+// registry ([Store.RegistryTable]), which a table created by an earlier release
+// lacks: apply the script again, or that one CREATE TABLE.
 //
 // CreateSchema leaves an existing table as it is: to turn [Config.Fingerprints]
-// on for a table made without it, run AddFingerprintColumnSQL once.
+// on for a table made without it, run [Store.AddFingerprintColumnSQL] once.
 func (s *Store) SchemaSQL() string {
 	return strings.Join(s.q.schema, ";\n\n") + ";\n"
 }
 
-// SchemaStatements returns the statements of SchemaSQL one by one, without
-// their final semicolons, for a migration tool that takes statements rather
-// than a script. A tool that splits a file at semicolons must be told where
-// a statement ends: on a partitioned table the last one is a DO block with
-// semicolons of its own (goose: between -- +goose StatementBegin and
-// -- +goose StatementEnd, as inbox schema -format goose prints it).
+// SchemaStatements returns the statements of [Store.SchemaSQL] one by one,
+// without their final semicolons, for a migration tool that takes statements
+// rather than a script. A tool that splits a file at semicolons must be told
+// where a statement ends: on a partitioned table the last one is a DO block
+// with semicolons of its own (goose: between -- +goose StatementBegin and --
+// +goose StatementEnd, as inbox schema -format goose prints it).
 func (s *Store) SchemaStatements() []string { return slices.Clone(s.q.schema) }
 
 // AddFingerprintColumnSQL returns the statement that adds the fingerprint
@@ -58,7 +59,7 @@ func (s *Store) SchemaStatements() []string { return slices.Clone(s.q.schema) }
 func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
 
 // CreateSchema creates the inbox table, its index and the consumer registry
-// (RegistryTable) if they do not exist, and on a partitioned table the
+// ([Store.RegistryTable]) if they do not exist, and on a partitioned table the
 // partitions of the current period and the [SchemaPartitionsAhead] next ones.
 // It is safe to call on every start, from several instances at once, while
 // others claim and purge, and adds the registry beside a table an earlier
@@ -98,7 +99,7 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 	return nil
 }
 
-// createSchemaPostgres is CreateSchema on PostgreSQL: the statements of
+// createSchemaPostgres is [Store.CreateSchema] on PostgreSQL: the statements of
 // what is missing in one transaction, then the partitions one by one.
 func (s *Store) createSchemaPostgres(ctx context.Context) error {
 	if err := s.createMissing(ctx); err != nil {

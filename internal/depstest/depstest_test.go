@@ -34,3 +34,19 @@ func TestShippedCodeLinksNoTestHelper(t *testing.T) {
 	}
 	require.Greater(t, shipped, 5, "packages listed: %s", out)
 }
+
+// A test helper says so in its name, so that internal/ tells shipped code
+// from test helpers at a glance: an internal package is in
+// [depstest.TestHelpers] exactly when its name ends in "test" or is testdb.
+func TestTestHelpersAreNamedSo(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "github.com/watermill-inbox/inbox/internal/...").Output()
+	require.NoError(t, err)
+	internal := strings.Fields(string(out))
+	require.NotEmpty(t, internal)
+	for _, pkg := range internal {
+		name := pkg[strings.LastIndex(pkg, "/")+1:]
+		named := strings.HasSuffix(name, "test") || name == "testdb"
+		require.Equal(t, named, slices.Contains(depstest.TestHelpers, pkg), "%s: a test helper's name ends in test and it is listed in depstest.TestHelpers; shipped code's name does not", pkg)
+	}
+}

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/internal/conformance"
+	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
 	"github.com/watermill-inbox/inbox/internal/testing/wsqltest"
@@ -136,7 +136,7 @@ func twoAttempts(t *testing.T, mw message.HandlerMiddleware, topic string, h mes
 		mu      sync.Mutex
 		results []error
 	)
-	conformance.RunRouter(t, func(router *message.Router) {
+	conformancetest.RunRouter(t, func(router *message.Router) {
 		router.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
 				out, err := next(msg)
@@ -151,7 +151,7 @@ func twoAttempts(t *testing.T, mw message.HandlerMiddleware, topic string, h mes
 		}, mw)
 		router.AddHandler("billing", "orders", ps, topic, effects.DiscardPublisher{}, h)
 	})
-	conformance.PublishWithin(t, ps, "orders", message.NewMessage(watermill.NewUUID(), []byte(`{}`)))
+	conformancetest.PublishWithin(t, ps, "orders", message.NewMessage(watermill.NewUUID(), []byte(`{}`)))
 	mu.Lock()
 	defer mu.Unlock()
 	if len(results) == 1 {

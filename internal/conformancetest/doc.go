@@ -1,4 +1,4 @@
-// Package conformance is the behaviour every dialect and driver must show
+// Package conformancetest is the behaviour every dialect and driver must show
 // behind the inbox middleware: one suite, run by sqlinbox's tests against
 // each real database. Differences between databases are Target fields, not
 // branches scattered through the tests.
@@ -7,4 +7,4 @@
 // internal/testing) import it, and depstest's
 // TestShippedCodeLinksNoTestHelper fails if a package of the library links
 // it.
-package conformance
+package conformancetest
