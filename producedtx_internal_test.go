@@ -13,6 +13,7 @@ import (
 // interface field, wrapped as sql.TxFromStdSQL or sql.BeginnerFromStdSQL
 // wrap theirs, beside a config, a wait group, a channel and a sync.Map.
 type wsqlLike struct {
+	//lint:ignore U1000 never read: it is part of the shape handleIn walks
 	config struct {
 		SchemaAdapter        any
 		AutoInitializeSchema bool
@@ -20,9 +21,10 @@ type wsqlLike struct {
 	db        any
 	publishWg *sync.WaitGroup
 	closeCh   chan struct{}
-	closed    bool
-	topics    sync.Map
-	logger    watermill.LoggerAdapter
+	//lint:ignore U1000 never read: it is part of the shape handleIn walks
+	closed bool
+	topics sync.Map
+	logger watermill.LoggerAdapter
 }
 
 type stdTx struct{ *sql.Tx }

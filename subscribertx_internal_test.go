@@ -28,6 +28,9 @@ func contextKeys(ctx context.Context, isKey func(reflect.Type) bool) []any {
 	return keys
 }
 
+// otherKey stands for the key types of other packages, which the walk skips.
+type otherKey string
+
 type fakeTx struct{ id int }
 
 func (*fakeTx) Commit() error   { return nil }
@@ -55,9 +58,9 @@ func TestFindSubscriberTxThroughEveryContext(t *testing.T) {
 	ctx, cancelDeadline := context.WithDeadlineCause(ctx, time.Now().Add(time.Hour), nil)
 	defer cancelDeadline()
 	ctx = context.WithoutCancel(ctx)
-	ctx = context.WithValue(custom{ctx}, "other", 1)
+	ctx = context.WithValue(custom{ctx}, otherKey("other"), 1)
 	// A context stored as a value is not a parent.
-	ctx = context.WithValue(ctx, "stored", context.WithValue(context.Background(), contextKey("stored"), &fakeTx{id: 2}))
+	ctx = context.WithValue(ctx, otherKey("stored"), context.WithValue(context.Background(), contextKey("stored"), &fakeTx{id: 2}))
 	stop := context.AfterFunc(ctx, func() {})
 	defer stop()
 	ctx, cancelAfter := context.WithCancel(ctx)

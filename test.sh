@@ -12,9 +12,11 @@
 # INBOX_TEST_THROWAWAY=1 forces throwaway servers even when local ones answer.
 # ./test.sh --install only installs the missing packages (CI does it before it
 # cuts the network off).
+# ./test.sh --lint only runs the linter, staticcheck, on every module, and
+# starts no server (the whole suite runs it first).
 #
 # The repository holds several Go modules (the library, and the test rig and
-# examples that need heavy dependencies); every one is vetted and tested.
+# examples that need heavy dependencies); every one is vetted, linted and tested.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -95,7 +97,7 @@ fi
 # promtool, for the alerting rules' tests, and Patroni with etcd, for the
 # failover tests: installed here when missing, as the servers below; without
 # root, the tests say how to get them.
-[ "$(id -u)" != 0 ] || { install_promtool; install_patroni; }
+[ "$(id -u)" != 0 ] || [ "${1:-}" = --lint ] || { install_promtool; install_patroni; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/inbox-test.XXXXXX")
 chmod 755 "$work"
@@ -389,6 +391,110 @@ use_or_start() {
 		"$4"
 	fi
 }
+# min_go prints the Go version the library's go.mod requires.
+min_go() { awk '$1 == "go" { print $2; exit }' go.mod; }
+# oldest_go runs the go command of the toolchain go.mod names. Once that
+# toolchain is in the module cache it runs it from there: switching with
+# GOTOOLCHAIN re-checks the toolchain against the checksum database, which
+# needs the network whenever another download has moved the database's tree
+# since (a CI run with the network cut off).
+oldest_go() {
+	local bin
+	bin="$(go env GOMODCACHE)/golang.org/toolchain@v0.0.1-go$(min_go).$(go env GOOS)-$(go env GOARCH)/bin/go"
+	if [ -x "$bin" ]; then
+		GOTOOLCHAIN=local "$bin" "$@"
+	else
+		GOTOOLCHAIN=go$(min_go) go "$@"
+	fi
+}
+
+# Every module of the repository, the library's first.
+modules=(.)
+# internal/tools is not one: it holds no package, only the linter's pin (below).
+tools=internal/tools
+while read -r mod; do modules+=("$(dirname "$mod")"); done < <(find . -mindepth 2 -name go.mod -not -path './.git/*' -not -path "./$tools/*" | sort)
+# module_of prints the module directory that holds package path $1.
+module_of() {
+	local best=. m
+	for m in "${modules[@]}"; do
+		case "${1#./}/" in "${m#./}"/*) [ ${#m} -gt ${#best} ] && best=$m ;; esac
+	done
+	echo "$best"
+}
+# in_module runs "go $1 <package $2> args..." from the module that holds the package.
+in_module() {
+	local verb=$1 pkg=$2 m rel
+	shift 2
+	m=$(module_of "$pkg")
+	rel=./$(realpath -m --relative-to="$m" "$pkg")
+	(cd "$m" && go "$verb" "$rel" "$@")
+}
+
+# step NAME COMMAND... runs one step of the suite. A step that fails does
+# not stop the others: its name, with the failing tests and packages and the
+# linter's findings of its output, is kept for the summary, and test.sh exits
+# 1 at the end.
+failed=()
+steps=0
+step() {
+	local name=$1 out=$work/step.log status=0
+	shift
+	steps=$((steps + 1))
+	"$@" 2>&1 | tee "$out" || status=$?
+	if [ "$status" != 0 ]; then
+		failed+=("$name (exit status $status)")
+		while read -r line; do failed+=("    $line"); done < <(grep -E '^(--- FAIL|FAIL[[:space:]]|panic:|WARNING: DATA RACE)|\((SA|S|ST|QF|U)[0-9]{4}\)$' "$out" | sort -u)
+		log "FAILED: $name; going on with the other steps"
+	fi
+}
+in_dir() { (cd "$1" && shift && "$@"); }
+quiet() { "$@" >/dev/null; } # an example's output is long; its errors go to stderr
+
+# summary reports every failed step and exits 1 if there is one.
+summary() {
+	if [ ${#failed[@]} -eq 0 ]; then
+		log "all $steps steps passed"
+		exit 0
+	fi
+	log "failed steps, of $steps:"
+	printf '  %s\n' "${failed[@]}" >&2
+	exit 1
+}
+
+# packages_of prints the package patterns of module $1: ./..., which skips
+# directories starting with "_", and the examples of _examples/ it holds.
+packages_of() {
+	local d
+	echo ./...
+	for d in _examples/*/; do
+		if [ "$(module_of "./$d")" = "$1" ]; then echo "./$(realpath -m --relative-to="$1" "$d")"; fi
+	done
+}
+# lint_all builds staticcheck (the version $tools/go.mod pins, a module of its
+# own so that the library's users never inherit its dependencies) once into
+# $work, and runs it on every module, each a step. Its checks and their
+# deliberate exceptions are in staticcheck.conf.
+lint_all() {
+	local m pkgs
+	step "build staticcheck" go -C "$tools" build -o "$work/bin/staticcheck" honnef.co/go/tools/cmd/staticcheck
+	for m in "${modules[@]}"; do
+		mapfile -t pkgs < <(packages_of "$m")
+		step "staticcheck in module $m" lint "$m" "${pkgs[@]}"
+	done
+}
+lint() { # lint MODULE PACKAGES...
+	if [ ! -x "$work/bin/staticcheck" ]; then
+		echo "staticcheck was not built: see the step that builds it"
+		return 1
+	fi
+	in_dir "$1" "$work/bin/staticcheck" "${@:2}"
+}
+# ./test.sh --lint only lints, with no server.
+if [ "${1:-}" = --lint ]; then
+	lint_all
+	summary
+fi
+
 # RabbitMQ first: it boots while the others start.
 use_or_start INBOX_TEST_AMQP_URL amqp://guest:guest@127.0.0.1:5672/ 5672 start_rabbitmq
 use_or_start INBOX_TEST_NATS_URL nats://127.0.0.1:4222 4222 start_nats
@@ -410,83 +516,14 @@ if [ -z "${INBOX_TEST_MYSQL_DSN:-}" ]; then
 	fi
 fi
 
-# min_go prints the Go version the library's go.mod requires.
-min_go() { awk '$1 == "go" { print $2; exit }' go.mod; }
-# oldest_go runs the go command of the toolchain go.mod names. Once that
-# toolchain is in the module cache it runs it from there: switching with
-# GOTOOLCHAIN re-checks the toolchain against the checksum database, which
-# needs the network whenever another download has moved the database's tree
-# since (a CI run with the network cut off).
-oldest_go() {
-	local bin
-	bin="$(go env GOMODCACHE)/golang.org/toolchain@v0.0.1-go$(min_go).$(go env GOOS)-$(go env GOARCH)/bin/go"
-	if [ -x "$bin" ]; then
-		GOTOOLCHAIN=local "$bin" "$@"
-	else
-		GOTOOLCHAIN=go$(min_go) go "$@"
-	fi
-}
-
-# Every module of the repository, the library's first.
-modules=(.)
-while read -r mod; do modules+=("$(dirname "$mod")"); done < <(find . -mindepth 2 -name go.mod -not -path './.git/*' | sort)
-# module_of prints the module directory that holds package path $1.
-module_of() {
-	local best=. m
-	for m in "${modules[@]}"; do
-		case "${1#./}/" in "${m#./}"/*) [ ${#m} -gt ${#best} ] && best=$m ;; esac
-	done
-	echo "$best"
-}
-# in_module runs "go $1 <package $2> args..." from the module that holds the package.
-in_module() {
-	local verb=$1 pkg=$2 m rel
-	shift 2
-	m=$(module_of "$pkg")
-	rel=./$(realpath -m --relative-to="$m" "$pkg")
-	(cd "$m" && go "$verb" "$rel" "$@")
-}
-
-# step NAME COMMAND... runs one step of the suite. A step that fails does
-# not stop the others: its name, with the failing tests and packages of its
-# output, is kept for the summary, and test.sh exits 1 at the end.
-failed=()
-steps=0
-step() {
-	local name=$1 out=$work/step.log status=0
-	shift
-	steps=$((steps + 1))
-	"$@" 2>&1 | tee "$out" || status=$?
-	if [ "$status" != 0 ]; then
-		failed+=("$name (exit status $status)")
-		while read -r line; do failed+=("    $line"); done < <(grep -E '^(--- FAIL|FAIL[[:space:]]|panic:|WARNING: DATA RACE)' "$out" | sort -u)
-		log "FAILED: $name; going on with the other steps"
-	fi
-}
-in_dir() { (cd "$1" && shift && "$@"); }
-quiet() { "$@" >/dev/null; } # an example's output is long; its errors go to stderr
-
-# summary reports every failed step and exits 1 if there is one.
-summary() {
-	if [ ${#failed[@]} -eq 0 ]; then
-		log "all $steps steps passed"
-		exit 0
-	fi
-	log "failed steps, of $steps:"
-	printf '  %s\n' "${failed[@]}" >&2
-	exit 1
-}
-
 if [ $# -eq 0 ]; then
+	# Lint first: RabbitMQ boots meanwhile.
+	lint_all
 	for m in "${modules[@]}"; do
 		# The library's own tests need no broker: RabbitMQ boots meanwhile.
 		[ "$m" = . ] || await_rabbitmq
-		# ./... skips directories starting with "_": name this module's examples.
-		examples=()
-		for d in _examples/*/; do
-			if [ "$(module_of "./$d")" = "$m" ]; then examples+=("./$(realpath -m --relative-to="$m" "$d")"); fi
-		done
-		step "go vet in module $m" in_dir "$m" go vet ./... "${examples[@]}"
+		mapfile -t pkgs < <(packages_of "$m")
+		step "go vet in module $m" in_dir "$m" go vet "${pkgs[@]}"
 		step "go test in module $m" in_dir "$m" go test -race -count=1 ./...
 	done
 	# The README's first command: it must keep working with no server at all.

@@ -388,8 +388,7 @@ func (l *blockingLogger) Info(string, watermill.LogFields) {
 func checkRules(t *testing.T, got scrape, rules []rule) {
 	t.Helper()
 	reads := map[string][]string{} // recording rule -> metric families
-	var families func(name string) []string
-	families = func(name string) []string {
+	families := func(name string) []string {
 		if !strings.Contains(name, ":") {
 			require.Contains(t, got, name, "the rules read %s, which prommetrics does not export", name)
 			return []string{name}

@@ -79,7 +79,7 @@ func TestPgxSubscriberTxRefused(t *testing.T) {
 	t.Parallel()
 	r, _, mw := pgxRig(t)
 	r.PublishCopies(t, 1, 1)
-	got, calls := wsqltest.FirstResult(t, r.Subscriber(t), r.Topic, mw)
+	calls, got := wsqltest.FirstResult(t, r.Subscriber(t), r.Topic, mw)
 	require.ErrorIs(t, got, inbox.ErrSubscriberTx)
 	require.ErrorContains(t, got, "sqlinbox store")
 	require.Zero(t, calls, "the handler did not run")

@@ -182,7 +182,7 @@ func TestSubscriberTxRefused(t *testing.T) {
 	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), r.V4Config(wsqltest.WaitFor), nil)
 	require.NoError(t, err)
 
-	got, calls := wsqltest.FirstResult(t, sub, r.Topic, middlewareFor(t, r))
+	calls, got := wsqltest.FirstResult(t, sub, r.Topic, middlewareFor(t, r))
 	require.ErrorIs(t, got, inbox.ErrSubscriberTx)
 	require.ErrorContains(t, got, "pgxinbox store")
 	require.Zero(t, calls, "the handler did not run")

@@ -362,8 +362,8 @@ func RunRouter(t testing.TB, sub message.Subscriber, topic string, handler messa
 }
 
 // FirstResult runs a handler behind mw until the first message comes back
-// out of mw, and returns mw's result for it and how often the handler ran.
-func FirstResult(t testing.TB, sub message.Subscriber, topic string, mw message.HandlerMiddleware) (result error, calls int64) {
+// out of mw, and returns how often the handler ran and mw's result for it.
+func FirstResult(t testing.TB, sub message.Subscriber, topic string, mw message.HandlerMiddleware) (calls int64, result error) {
 	t.Helper()
 	first := make(chan error, 1)
 	record := func(h message.HandlerFunc) message.HandlerFunc {
@@ -387,5 +387,5 @@ func FirstResult(t testing.TB, sub message.Subscriber, topic string, mw message.
 		t.Fatal("no message reached the middleware")
 	}
 	stop()
-	return result, n.Load()
+	return n.Load(), result
 }
