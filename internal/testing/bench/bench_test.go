@@ -2,6 +2,7 @@ package bench_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -217,4 +218,52 @@ func TestInvoiceWrite(t *testing.T) {
 			require.Equal(t, rows0+12, counted)
 		})
 	}
+}
+
+// The floor's scripts run under pgbench: the one with the claim writes a
+// claim and a business row per transaction, the other the business row
+// alone.
+func TestFloor(t *testing.T) {
+	t.Parallel()
+	pgbench, err := bench.FindPgbench()
+	if err != nil {
+		t.Skip(err)
+	}
+	ctx := context.Background()
+	pg, err := bench.FindDrivers("postgresql/pgx")
+	require.NoError(t, err)
+	for _, kind := range bench.WriteKinds {
+		for _, uuidIDs := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s uuid=%v", kind, uuidIDs), func(t *testing.T) {
+				t.Parallel()
+				admin, err := bench.OpenAdmin(ctx, pg[0], testdb.PostgresDSN())
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = admin.Close() })
+				f, err := admin.NewFloor(ctx, pgbench, testdb.PostgresDSN(), sqlinbox.Config{UUIDEventIDs: uuidIDs}, kind)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = f.Close(ctx) })
+				tps, err := f.Run(ctx, false, 1, time.Second)
+				require.NoError(t, err)
+				require.Positive(t, tps)
+				claims, writes, err := f.Rows(ctx)
+				require.NoError(t, err)
+				require.Zero(t, claims)
+				require.Positive(t, writes)
+				require.NoError(t, f.Reset(ctx))
+				tps, err = f.Run(ctx, true, 2, time.Second)
+				require.NoError(t, err)
+				require.Positive(t, tps)
+				claims, writes, err = f.Rows(ctx)
+				require.NoError(t, err)
+				require.Positive(t, claims)
+				require.Equal(t, claims, writes)
+			})
+		}
+	}
+	// A partitioned table's claim is more than the INSERT.
+	admin, err := bench.OpenAdmin(ctx, pg[0], testdb.PostgresDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close() })
+	_, err = admin.NewFloor(ctx, pgbench, testdb.PostgresDSN(), sqlinbox.Config{Partitioning: sqlinbox.Daily}, "one-row")
+	require.ErrorContains(t, err, "plain table")
 }

@@ -14,11 +14,16 @@ import (
 // entries whatever the handler does.
 type Write struct {
 	// Kind is one of WriteKinds.
-	Kind     string
-	stmts    []string
-	args     func(eventID string) [][]any
-	tables   []string // every table it writes, for the WAL
-	appended []string // the tables it only appends to, emptied by ResetWrite
+	Kind  string
+	stmts []string
+	args  func(eventID string) [][]any
+	// floorArgs are the same parameters as pgbench expressions, per
+	// statement ($n: floorArgs[i][n-1]; "id" stands for the event id's
+	// expression), and floorSet the pgbench \set lines they use.
+	floorArgs [][]string
+	floorSet  []string
+	tables    []string // every table it writes, for the WAL
+	appended  []string // the tables it only appends to, emptied by ResetWrite
 }
 
 // WriteKinds lists the business writes CreateWrite makes:
@@ -68,10 +73,11 @@ func (a *Admin) CreateWrite(ctx context.Context, kind, prefix string) (Write, er
 	case "one-row":
 		effects := Name(prefix + "_effects")
 		w = Write{
-			Kind:   kind,
-			stmts:  []string{`INSERT INTO ` + effects + ` (event_id) VALUES (` + d.ph(1) + `)`},
-			args:   func(id string) [][]any { return [][]any{{id}} },
-			tables: []string{effects}, appended: []string{effects},
+			Kind:      kind,
+			stmts:     []string{`INSERT INTO ` + effects + ` (event_id) VALUES (` + d.ph(1) + `)`},
+			args:      func(id string) [][]any { return [][]any{{id}} },
+			floorArgs: [][]string{{"id"}},
+			tables:    []string{effects}, appended: []string{effects},
 		}
 		ddl = []string{`CREATE TABLE ` + effects + ` (event_id ` + d.textType + ` NOT NULL)`}
 	case "invoice":
@@ -86,7 +92,9 @@ func (a *Admin) CreateWrite(ctx context.Context, kind, prefix string) (Write, er
 				customer, amount := 1+rand.Int64N(CustomerCount), 1+rand.Int64N(100_000)
 				return [][]any{{id, customer, amount}, {amount, customer}}
 			},
-			tables: []string{invoices, totals}, appended: []string{invoices},
+			floorArgs: [][]string{{"id", ":customer", ":amount"}, {":amount", ":customer"}},
+			floorSet:  []string{`\set customer random(1, ` + strconv.Itoa(CustomerCount) + `)`, `\set amount random(1, 100000)`},
+			tables:    []string{invoices, totals}, appended: []string{invoices},
 		}
 		seed := make([]string, CustomerCount)
 		for i := range seed {

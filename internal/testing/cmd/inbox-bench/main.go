@@ -30,6 +30,14 @@
 // latency and the ratio to the bare handler (median of the per-round
 // ratios).
 //
+// On PostgreSQL each concurrency also gets the server's floor (-floor,
+// on by default): pgbench in pipeline mode with prepared statements runs
+// BEGIN, the claim's INSERT ... ON CONFLICT DO NOTHING on a table the
+// library created, the same business write, COMMIT, in one round trip,
+// against the same without the claim, in the same rounds; the claim's
+// rate over the bare one is the best ratio any client could reach, and
+// the inbox's distance from it is the client's share (bench.Floor).
+//
 // With -claim-parts it prints instead what each part of the inbox row
 // costs in WAL per claim on PostgreSQL (the row, its primary key, the
 // purge's processed_at index, with text and uuid event ids), measured in
@@ -90,6 +98,8 @@ type options struct {
 	write    string
 	parts    bool
 	pooler   string
+	floor    bool
+	pgbench  string
 	out      io.Writer
 }
 
@@ -117,6 +127,8 @@ func main() {
 	flag.StringVar(&o.write, "write", "one-row", "business write per message: "+strings.Join(bench.WriteKinds, ", ")+" (one-row: one row, no index; invoice: an indexed invoice row and a customer's running total)")
 	flag.BoolVar(&o.parts, "claim-parts", false, "print what each part of the inbox row costs in WAL per claim on PostgreSQL (needs pg_walinspect), then exit")
 	flag.StringVar(&o.pooler, "pooler", "", "PostgreSQL URL of a transaction-pooling proxy (PgBouncer pool_mode=transaction) in front of -dsn's database: PostgreSQL drivers also run bare and inbox through it (modes bare-pooled, inbox-pooled), with the DSN settings and sqlinbox.Config.TransactionPooling docs/poolers.md gives")
+	flag.BoolVar(&o.floor, "floor", true, "PostgreSQL: beside the inbox's ratio, the server's floor: pgbench in pipeline mode with prepared statements, BEGIN, the claim, the business write, COMMIT against the same without the claim, in the same rounds")
+	flag.StringVar(&o.pgbench, "pgbench", "", "pgbench for -floor (default: the PATH's, else the newest /usr/lib/postgresql/*/bin/pgbench)")
 	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
@@ -206,6 +218,14 @@ func run(ctx context.Context, o options) error {
 	fmt.Fprintf(o.out, "inbox-bench: %s, GOMAXPROCS=%d, %d rounds of %s per mode, business write: %s: %s, network: %s\n",
 		time.Now().Format(time.DateTime), runtime.GOMAXPROCS(0), o.rounds, o.duration, o.write, bench.DescribeWrite(o.write), network)
 	fmt.Fprintln(o.out, "dedup = watermill middleware.Deduplicator: in memory, not durable, drops the redelivery of a message whose handler failed")
+	if o.floor && o.pgbench == "" && slices.ContainsFunc(drivers, func(d bench.Driver) bool { return d.Dialect() == "postgresql" }) {
+		if o.pgbench, err = bench.FindPgbench(); err != nil {
+			fmt.Fprintf(o.out, "floor: NOT MEASURED: %v; -floor=false silences this\n", err)
+		}
+	}
+	if o.pgbench != "" {
+		fmt.Fprintf(o.out, "floor = %s in pipeline mode, -M prepared, -c as c, one round trip per transaction, direct: BEGIN, claim, business write, COMMIT / the same without the claim\n", o.pgbench)
+	}
 	for _, d := range drivers {
 		if err := runDriver(ctx, o, d, lat); err != nil {
 			return fmt.Errorf("%s: %w", d.Name, err)
@@ -377,6 +397,14 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 		return err
 	}
 
+	var floor *bench.Floor
+	if o.floor && d.Dialect() == "postgresql" && o.pgbench != "" {
+		if floor, err = admin.NewFloor(ctx, o.pgbench, dsn, sqlinbox.Config{UUIDEventIDs: o.uuidIDs}, o.write); err != nil {
+			return fmt.Errorf("the floor: %w", err)
+		}
+		defer func() { _ = floor.Close(context.WithoutCancel(ctx)) }()
+	}
+
 	fmt.Fprintf(o.out, "\n== %s\n", d.Name)
 	tables := append(write.Tables(), empty)
 	if full != "" {
@@ -389,7 +417,12 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 		if err := reset(); err != nil {
 			return err
 		}
-		if err := throughput(ctx, o, c, modes); err != nil {
+		if floor != nil {
+			if err := floor.Reset(ctx); err != nil {
+				return err
+			}
+		}
+		if err := throughput(ctx, o, d, c, modes, floor); err != nil {
 			return err
 		}
 	}
@@ -565,7 +598,9 @@ func mean(xs []float64) float64 {
 	return sum / float64(len(xs))
 }
 
-func throughput(ctx context.Context, o options, c int, modes []mode) error {
+// throughput measures modes at concurrency c in interleaved rounds, and
+// floor, when not nil, in the same rounds.
+func throughput(ctx context.Context, o options, d bench.Driver, c int, modes []mode, floor *bench.Floor) error {
 	for _, m := range modes { // warm every connection of the pool
 		if r := bench.Run(ctx, m.h, c, min(o.duration, 200*time.Millisecond), m.msgs); r.FirstErr != nil {
 			return fmt.Errorf("%s: %w", m.name, r.FirstErr)
@@ -573,7 +608,15 @@ func throughput(ctx context.Context, o options, c int, modes []mode) error {
 	}
 	results := make([]bench.Result, len(modes))
 	ratios := make([][]float64, len(modes))
+	var floors []float64
 	for round := range o.rounds {
+		if floor != nil {
+			f, err := floorRound(ctx, floor, c, o.duration, round%2 == 1)
+			if err != nil {
+				return fmt.Errorf("the floor: %w", err)
+			}
+			floors = append(floors, f)
+		}
 		order := make([]int, len(modes))
 		for i := range order {
 			order[i] = i
@@ -620,7 +663,35 @@ func throughput(ctx context.Context, o options, c int, modes []mode) error {
 		}
 		fmt.Fprintf(o.out, "%s / %s: %.2f, rounds %.2f to %.2f\n", m.name, modes[direct].name, median(per), slices.Min(per), slices.Max(per))
 	}
+	inboxMode := slices.IndexFunc(modes, func(m mode) bool { return m.name == "inbox" })
+	switch {
+	case d.Dialect() != "postgresql" || !o.floor || inboxMode < 0:
+	case floor == nil:
+		fmt.Fprintf(o.out, "%s c=%d: inbox %.2f of bare; floor NOT MEASURED: no pgbench\n", d.Name, c, median(ratios[inboxMode]))
+	default:
+		in := ratios[inboxMode]
+		fmt.Fprintf(o.out, "%s c=%d: inbox %.2f of bare, rounds %.2f to %.2f; floor %.2f, rounds %.2f to %.2f; inbox - floor %+.2f\n",
+			d.Name, c, median(in), slices.Min(in), slices.Max(in), median(floors), slices.Min(floors), slices.Max(floors), median(in)-median(floors))
+	}
 	return nil
+}
+
+// floorRound runs the floor's two scripts for d each, the claim's first
+// when claimFirst, and returns the claim's rate over the bare one's.
+func floorRound(ctx context.Context, f *bench.Floor, c int, d time.Duration, claimFirst bool) (float64, error) {
+	var tps [2]float64 // bare, claim
+	for _, withClaim := range []bool{claimFirst, !claimFirst} {
+		t, err := f.Run(ctx, withClaim, c, d)
+		if err != nil {
+			return 0, err
+		}
+		if withClaim {
+			tps[1] = t
+		} else {
+			tps[0] = t
+		}
+	}
+	return tps[1] / tps[0], nil
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }

@@ -194,3 +194,24 @@ func requireNoErrors(t *testing.T, out string) {
 	}
 	require.Empty(t, bad, "lines reporting errors or inexact measurements")
 }
+
+// -floor prints, per PostgreSQL driver and concurrency, the inbox's ratio
+// beside pgbench's floor, measured in the same rounds.
+func TestFloorSmoke(t *testing.T) {
+	t.Parallel()
+	if _, err := bench.FindPgbench(); err != nil {
+		t.Skip(err)
+	}
+	var out bytes.Buffer
+	err := run(context.Background(), options{
+		drivers: "pgx,sqlite", dsn: testdb.PostgresDSN(), conc: []int{1, 2}, floor: true,
+		duration: 20 * time.Millisecond, rounds: 2, sample: 5, dupIDs: 10, modes: "bare,inbox", out: &out,
+	})
+	require.NoError(t, err, out.String())
+	require.Contains(t, out.String(), "floor = ")
+	for _, c := range []string{"1", "2"} {
+		require.Regexp(t, `(?m)^postgresql/pgx c=`+c+`: inbox \d+\.\d\d of bare, rounds \d+\.\d\d to \d+\.\d\d; floor \d+\.\d\d, rounds \d+\.\d\d to \d+\.\d\d; inbox - floor [+-]\d+\.\d\d$`, out.String())
+	}
+	require.NotContains(t, out.String(), "sqlite/modernc c=")
+	requireNoErrors(t, out.String())
+}
