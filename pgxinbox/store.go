@@ -34,6 +34,8 @@ type Store struct {
 	pool     *pgxpool.Pool
 	maxConns int // the pool's MaxConns
 	claim    maintenance.ClaimSQL
+	// consumerArg is the claim's first argument, converted once.
+	consumerArg maintenance.ConsumerArg
 
 	mu       sync.Mutex  // serialises the layout check
 	verified atomic.Bool // set by the first claim that succeeds
@@ -160,19 +162,25 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 		}
 	}
 	c := &s.claim
-	args, err := c.Args(consumer, eventID, fingerprint)
-	if err != nil {
+	cb := &claimBatch{}
+	var args []any
+	if c.OnlyIDs {
+		cb.args = [2]any{s.consumerArg.Arg(consumer), eventID}
+		args = cb.args[:]
+	} else if args, err = c.Args(consumer, eventID, fingerprint); err != nil {
 		return nil, nil, err
 	}
 	// BEGIN is part of the batch, never sent apart from it: a claim sent
 	// without BEGIN would commit on its own, and a failing handler would
 	// then leave the event marked as processed.
-	b := &pgx.Batch{}
+	b := &cb.batch
+	b.QueuedQueries = cb.queued[:0]
 	b.BeginTx(txOpts)
 	if c.Before != "" {
 		b.Queue(c.Before, consumer, eventID)
 	}
-	b.Queue(c.Insert, args...)
+	cb.insert = pgx.QueuedQuery{SQL: c.Insert, Arguments: args}
+	b.QueuedQueries = append(b.QueuedQueries, &cb.insert)
 	if c.After != "" {
 		b.Queue(c.After)
 	}
@@ -212,6 +220,18 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 		return nil, nil, err
 	}
 	return nil, stored, nil
+}
+
+// claimBatch is the batch of one claim in a single allocation: the batch,
+// room for its statements (BEGIN, the event's lock, the claim, the
+// statement after it), the claim's queued query and its arguments. It is
+// new for every claim, never reused: pgx keeps each connection's prepared
+// statement in the queued query it sends.
+type claimBatch struct {
+	batch  pgx.Batch
+	queued [4]*pgx.QueuedQuery
+	insert pgx.QueuedQuery
+	args   [2]any
 }
 
 func (s *Store) readClaim(br pgx.BatchResults) (bool, error) {

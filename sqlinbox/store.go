@@ -25,6 +25,7 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/errtext"
+	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
 // DefaultTable is the inbox table's name when [Config.Table] is empty.
@@ -134,6 +135,8 @@ type Store struct {
 	// unprepared sends the claim as a plain statement: under
 	// [Config.TransactionPooling], or once a pooler lost the prepared one.
 	unprepared atomic.Bool
+	// consumerArg is the claim's first argument, converted once.
+	consumerArg maintenance.ConsumerArg
 }
 
 var (
@@ -337,8 +340,9 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 	)
 	switch {
 	case stmt != nil && !s.q.idTime && !s.config.Fingerprints:
-		// The common case without building a slice: one allocation less.
-		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, consumer, eventID)
+		// The common case without building a slice, and with the consumer
+		// converted once per store: two allocations less.
+		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, s.consumerArg.Arg(consumer), eventID)
 	default:
 		var args []any
 		if args, err = s.claimArgs(consumer, eventID, fingerprint); err != nil {

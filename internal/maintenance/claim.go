@@ -1,6 +1,9 @@
 package maintenance
 
-import "context"
+import (
+	"context"
+	"sync/atomic"
+)
 
 // ClaimSQL is the claim of one inbox table, for a store that sends it through
 // another driver ([pgxinbox.Store], on native pgx): its statements, in the
@@ -20,6 +23,10 @@ type ClaimSQL struct {
 	// [ClaimSQL.Claimed] reads the count.
 	Insert  string
 	Args    func(consumer, eventID string, fingerprint []byte) ([]any, error)
+	// OnlyIDs reports that Insert's parameters are the consumer and the
+	// event id alone, as Args would return them: a store may then pass
+	// them without calling Args, saving its slice.
+	OnlyIDs bool
 	Claimed func(rowsAffected int64) (bool, error)
 	// After, when not empty, runs after a new claim, before the handler.
 	After string
@@ -36,4 +43,29 @@ type ClaimSQL struct {
 	// the current transaction has written, for inbox.TxWriteCounter; ""
 	// when the database cannot count them.
 	TxWrites string
+}
+
+// ConsumerArg keeps the consumer a store claims for as a statement
+// argument, converted to an interface value once: the conversion of a
+// string allocates, and a store claims for the same consumer on every
+// message. The zero value is ready; it keeps the first consumer it is
+// given and converts any other one anew each time, as without it.
+type ConsumerArg struct{ first atomic.Pointer[consumerArg] }
+
+type consumerArg struct {
+	name string
+	arg  any
+}
+
+// Arg returns consumer as an argument.
+func (c *ConsumerArg) Arg(consumer string) any {
+	if p := c.first.Load(); p != nil {
+		if p.name == consumer {
+			return p.arg
+		}
+		return consumer
+	}
+	p := &consumerArg{name: consumer, arg: consumer}
+	c.first.CompareAndSwap(nil, p)
+	return p.arg
 }
