@@ -21,8 +21,8 @@ type ClaimSQL struct {
 	// Insert inserts the claim with the parameters [ClaimSQL.Args] returns.
 	// It affects one row for a new claim and none for a duplicate;
 	// [ClaimSQL.Claimed] reads the count.
-	Insert  string
-	Args    func(consumer, eventID string, fingerprint []byte) ([]any, error)
+	Insert string
+	Args   func(consumer, eventID string, fingerprint []byte) ([]any, error)
 	// OnlyIDs reports that Insert's parameters are the consumer and the
 	// event id alone, as Args would return them: a store may then pass
 	// them without calling Args, saving its slice.
