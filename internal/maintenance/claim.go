@@ -23,9 +23,9 @@ type ClaimSQL struct {
 	// [ClaimSQL.Claimed] reads the count.
 	Insert string
 	Args   func(consumer, eventID string, fingerprint []byte) ([]any, error)
-	// OnlyIDs reports that Insert's parameters are the consumer and the
-	// event id alone, as Args would return them: a store may then pass
-	// them without calling Args, saving its slice.
+	// OnlyIDs reports that [ClaimSQL.Insert]'s parameters are the consumer
+	// and the event id alone, as [ClaimSQL.Args] would return them: a store
+	// may then pass them without calling Args, saving its slice.
 	OnlyIDs bool
 	Claimed func(rowsAffected int64) (bool, error)
 	// After, when not empty, runs after a new claim, before the handler.

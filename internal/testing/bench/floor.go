@@ -36,7 +36,7 @@ type Floor struct {
 	reset   []string // what Reset empties
 }
 
-// ErrNoPgbench is returned by FindPgbench when pgbench is neither on the
+// ErrNoPgbench is returned by [FindPgbench] when pgbench is neither on the
 // PATH nor in a PostgreSQL installation's bin directory.
 var ErrNoPgbench = errors.New("pgbench not found on the PATH nor in /usr/lib/postgresql/*/bin (Debian: apt-get install postgresql-client)")
 
@@ -60,7 +60,7 @@ func versionOf(path string) int {
 }
 
 // NewFloor creates, on PostgreSQL, an inbox table of c (through the
-// library, as CreateInbox does) and the business write of kind, under
+// library, as [Admin.CreateInbox] does) and the business write of kind, under
 // fresh names, and writes the two pgbench scripts. c must describe a plain
 // table whose claim is the INSERT alone (no partitioning, claim timeout or
 // fingerprints): the floor is the one-statement claim's.
@@ -194,7 +194,7 @@ func (f *Floor) Close(ctx context.Context) error {
 }
 
 // Rows returns the rows of the floor's inbox table and of its business
-// write's first table: what the scripts have written since the last Reset.
+// write's first table: what the scripts have written since the last [Floor.Reset].
 func (f *Floor) Rows(ctx context.Context) (claims, writes int64, err error) {
 	inboxTable, write := f.tables[len(f.tables)-1], f.tables[0]
 	err = f.admin.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+inboxTable+`), (SELECT COUNT(*) FROM `+write+`)`).Scan(&claims, &writes)
