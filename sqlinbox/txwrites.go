@@ -18,7 +18,11 @@ type txWritesDialect interface {
 // PostgreSQL keeps each table's row counts of the current transaction in
 // the backend's statistics until it ends; track_counts off leaves them at
 // zero, which the middleware takes for "cannot tell" (the claim's own row
-// is missing). A scan of the catalog, run once per consumer.
+// is missing). The sum also holds the counts of the backend's earlier
+// transactions that it has not yet flushed to the shared statistics (it
+// flushes between transactions, at most once a second), so only the
+// difference of two readings within one transaction means anything. A scan
+// of the catalog, run once per consumer.
 func (postgresql) txWrites() string {
 	return `SELECT COALESCE(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint FROM pg_stat_xact_user_tables`
 }
