@@ -158,6 +158,14 @@ func TestPostgreSQLTimestampWithoutTimeZone(t *testing.T) {
 	require.Zero(t, n)
 	require.True(t, b.has(t, "billing", "just-now"))
 
+	// Once the table passes, a purger does not check it again: the check
+	// costs one query per purger, not one per round. A new purger (the next
+	// cron run, the next deploy) checks afresh.
+	_, err = db.Exec(`ALTER TABLE "` + table + `" ALTER COLUMN processed_at TYPE timestamp`)
+	require.NoError(t, err)
+	_, err = p.PurgeOnce(context.Background())
+	require.NoError(t, err, "the purger that passed the check does not run it again")
+	require.ErrorContains(t, refused(t, shortPurger(t, b.store, time.Hour)), "processed_at is timestamp without time zone")
 }
 
 // handMade creates a table on db with ddl (the table's name in %s), as a
