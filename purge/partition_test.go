@@ -78,7 +78,7 @@ func TestPartitionsCreatedAndDropped(t *testing.T) {
 	b.seed(t, "mailer", "d10-", 20, 10*day)
 	b.seed(t, "billing", "d5-", 50, 5*day)
 	b.seed(t, "billing", "d2-", 30, 2*day)
-	b.seed(t, "billing", "d20-", 7, 20*day)   // no partition: default
+	b.seed(t, "billing", "d20-", 7, 20*day)                  // no partition: default
 	b.seed(t, "billing", "h1-", 3, sinceMidnight(t, b.db)/2) // today, not created yet: default
 	require.Equal(t, []string{p10, p5, p2}, partitions(t, b.store))
 
