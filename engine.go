@@ -1,291 +1,256 @@
 package inbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/errtext"
+	"github.com/watermill-inbox/inbox/internal/session"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
-// engine is one configured middleware: everything the guarantee rests on
-// (consumer and event id checks, the duplicate path, rollback on error or
-// panic, after-commit hooks, the context handed to the handler and restored
-// afterwards) for every [Store], whatever its transactions are.
-//
-// This file holds the message's path; the engine's other methods are in one
-// file per facet, each named for it: the wiring checks (wiring.go), the
-// consumer's owning service (service.go), the claim pool (pool.go), the
-// observers (observe.go) and the produced publisher (producedtx.go). The
-// path calls down into them and into the session (session.go); the session
-// calls back into none of them.
+// engine is one configured middleware. Its message path, [engine.process],
+// is the inbox's six steps; the guards, each a type of its own in a file of
+// its own (guard_*.go), look at the message at three named points: before
+// the claim, after the handler, after the commit. A guard refuses a message
+// only on proof that processing it would lose or double an effect; on
+// suspicion it warns ([engine.warn]) and the message goes on.
 type engine struct {
-	config  Config
-	checkID func(id string) (string, error) // the store's [EventIDChecker], or nil
-
-	fixedHandler atomic.Pointer[string] // first handler name seen with a fixed Consumer
-	txUseMu      sync.RWMutex
-	txUse        map[string]txUse // per consumer, for reportUnusedTx (wiring.go)
-
-	observers []Observer // [Config.Observer], [Observers] flattened (observe.go)
+	config    Config
+	store     inboxdriver.Store
+	checkID   func(id string) (string, error) // the store's EventIDChecker, or nil
+	observers []observe.Observer              // Config.Observer, Joined flattened (observers.go)
 	panics    observerPanics
+	once      onceSet // what has been logged, per kind and consumer (warn.go)
 
-	publisherMu sync.RWMutex
-	publishers  map[string]publisherCheck // per consumer (producedtx.go)
-
-	wrongAccessorMu sync.Mutex
-	wrongAccessor   map[string]bool // consumers reported by reportWrongAccessor
-
-	pool           ClaimPool // the store's, nil when its pool is not known
-	poolWaitMu     sync.Mutex
-	poolWaitLogged map[string]bool // consumers reported by poolWaitErr (pool.go)
-
-	registry ConsumerRegistry // the store's, nil when unchecked
-	ownersMu sync.RWMutex
-	owners   map[string]ownership // per consumer, for checkOwner (service.go)
+	subscriber txFinder       // watermill-sql subscribers' transactions (subscribertx.go)
+	wiring     wiringGuard    // guard_wiring.go
+	lease      leaseGuard     // guard_lease.go
+	txUse      txUseGuard     // guard_txuse.go
+	produced   publisherGuard // guard_publisher.go
 }
 
 // middleware wraps h.
 func (e *engine) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		return e.handle(h, msg)
+		return e.observe(h, msg)
 	}
 }
 
-func (e *engine) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	if len(e.observers) == 0 {
-		return e.process(h, msg, nil)
-	}
-	ob := Observation{Start: time.Now()}
-	orig := msg.Context()
-	ctx := orig
-	var buf [4]func(Observation)
-	dones := buf[:0]
-	for _, o := range e.observers {
-		var done func(Observation)
-		ctx, done = e.startObserver(o, ctx, orig)
-		dones = append(dones, done)
-	}
-	msg.SetContext(ctx)
-	defer msg.SetContext(orig)
-	finished := false
-	defer func() {
-		if !finished { // the handler panicked
-			ob.Outcome, ob.Err = OutcomeRolledBack, errPanicked
-			ob.Duration = time.Since(ob.Start)
-			e.observed(dones, ob)
-		}
-	}()
-	produced, err := e.process(h, msg, &ob)
-	finished = true
-	ob.Err = err
-	ob.Duration = time.Since(ob.Start)
-	e.observed(dones, ob)
-	return produced, err
-}
-
-// process is the inbox: claim, handler, commit. ob, when not nil, records
-// what happened.
-func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *Observation) ([]*message.Message, error) {
-	var scratch Observation
-	if ob == nil {
-		ob = &scratch
-	}
+// process is the inbox: the consumer, the event id, the claim, the
+// duplicate's ack, the handler's session, the commit. ob records what
+// happened.
+func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *observe.Observation) ([]*message.Message, error) {
 	ctx := msg.Context()
 	consumer, err := e.consumer(ctx)
 	if err != nil {
-		ob.Outcome = OutcomeMissingID
+		ob.Outcome = observe.MissingID
 		return nil, err
 	}
 	ob.Consumer = consumer
-	if err := e.checkWiring(msg, consumer); err != nil {
-		ob.Outcome = OutcomeMiswired
-		return nil, err
-	}
-	if err := e.checkOwner(ctx, consumer); err != nil {
-		ob.Outcome = OutcomeClaimFailed
-		if errors.Is(err, ErrMiswired) {
-			ob.Outcome = OutcomeMiswired
-		}
-		return nil, err
-	}
 	eventID, err := e.eventID(msg)
 	if err != nil {
-		ob.Outcome = OutcomeMissingID
-		if errors.Is(err, ErrInvalidEventID) {
-			ob.Outcome = OutcomeInvalidID
-		}
+		ob.Outcome = idOutcome(err)
 		return nil, err
 	}
 	ob.EventID = eventID
-	if e.config.MaxEventAge > 0 {
-		if stop, err := e.stale(msg, consumer, eventID, ob); stop {
-			return nil, err
-		}
-	}
-	var fingerprint []byte
-	if e.config.Fingerprint != nil {
-		fingerprint = e.config.Fingerprint(msg)
-		if len(fingerprint) > MaxFingerprintLength {
-			ob.Outcome = OutcomeClaimFailed
-			return nil, fmt.Errorf("inbox: the fingerprint of event %s is %d bytes, at most %d allowed (inbox.Config.Fingerprint)", errtext.Quote(eventID), len(fingerprint), MaxFingerprintLength)
-		}
-	}
-
-	// A watermill-sql subscriber's transaction: the claim's stands in for
-	// it (subscribertx.go).
-	subscriber := lookupSubscriberTx(ctx)
-
-	if e.config.Observer != nil {
-		ob.ClaimStart = time.Now()
-	}
-	use, err := e.enterPool(ctx)
-	if err != nil {
-		ob.Outcome = OutcomeClaimFailed
+	if stop, err := e.beforeClaim(msg, consumer, eventID, ob); stop {
 		return nil, err
 	}
-	tx, stored, err := e.config.Store.Claim(ctx, e.config.TxOptions, consumer, eventID, fingerprint)
-	if e.config.Observer != nil {
-		ob.ClaimDuration = time.Since(ob.ClaimStart)
-	}
-	if tx == nil { // its connection is back in the pool
-		use.leave()
-	}
+	claim, err := e.claimOf(msg, consumer, eventID)
 	if err != nil {
-		ob.Outcome = OutcomeClaimFailed
-		if errors.Is(err, ErrInFlight) {
-			ob.Outcome = OutcomeInFlight
-		}
-		return nil, fmt.Errorf("inbox: claiming event %s for consumer %q: %w", errtext.Quote(eventID), consumer, err)
+		ob.Outcome = observe.ClaimFailed
+		return nil, err
+	}
+	tx, stored, err := e.claim(ctx, claim, ob)
+	if err != nil {
+		return nil, err
 	}
 	if tx == nil {
-		// A NULL stored fingerprint (claimed before fingerprints were on,
-		// or by a message the function returned nil for) never mismatches.
-		if stored != nil && fingerprint != nil && !bytes.Equal(stored, fingerprint) {
-			return nil, e.idReused(msg, consumer, eventID, ob)
-		}
-		ob.Outcome = OutcomeDuplicate
-		e.config.Logger.Debug("Inbox: duplicate skipped", watermill.LogFields{
-			"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
-		})
-		return nil, nil
+		return nil, e.duplicate(msg, claim, stored, ob)
 	}
-
+	s := &session.Session{Tx: tx, Consumer: consumer, EventID: eventID, Msg: msg, Reporter: e}
 	committed := false
 	defer func() {
-		// Also runs while a handler panic unwinds: the claim disappears
-		// with the handler's writes and the panic goes on to Recoverer.
+		// Also while a handler panic unwinds: the claim disappears with
+		// the handler's writes and the panic goes on to Recoverer.
 		// Without cancellation, so that a cancelled message still ends its
-		// transaction instead of leaving the connection to be discarded.
+		// transaction instead of leaving its connection to be discarded.
+		s.End()
 		if !committed {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
-		use.leave()
 	}()
-	s := &session{e: e, tx: tx, consumer: consumer, eventID: eventID, msg: msg}
-	defer s.end()
-	hctx := context.WithValue(ctx, sessionKey{}, s)
-	if subscriber.found {
-		if hctx, err = subscriber.standIn(hctx, native(tx)); err != nil {
-			ob.Outcome = OutcomeMiswired
-			return nil, err
-		}
-		// The handler may take it through the subscriber's accessor,
-		// which the middleware cannot see (reportUnusedTx).
-		s.markTxTaken()
+	hctx, err := e.handlerContext(ctx, s)
+	if err != nil {
+		ob.Outcome = observe.Miswired
+		return nil, err
 	}
-	hctx, stopWatch := e.watchPool(hctx, use)
-	defer stopWatch()
 	msg.SetContext(hctx)
 	defer msg.SetContext(ctx)
 
-	ob.Outcome = OutcomeRolledBack
+	ob.Outcome = observe.RolledBack
 	poisoned := msg.Metadata.Get(poisonReasonKey)
 	produced, err := h(msg)
 	if err != nil {
-		if errors.Is(context.Cause(hctx), errPoolWait) {
-			ob.Outcome = OutcomeMiswired
-			return nil, e.poolWaitErr(s, err)
+		return nil, e.failed(err, "the handler", ob)
+	}
+	if produced, err = e.afterHandler(hctx, s, poisoned, produced, ob); err != nil {
+		if err == errRollBackAndAck {
+			err = nil
 		}
 		return nil, err
-	}
-	if stop, err := e.checkHandlerCall(s, msg, poisoned); stop {
-		ob.Outcome = OutcomeMiswired
-		return nil, err
-	}
-	if e.config.ProducedPublisher != nil && len(produced) > 0 {
-		s.markTxTaken()
-		if err := e.publishInTx(hctx, s, produced); err != nil {
-			if errors.Is(err, ErrMiswired) {
-				ob.Outcome = OutcomeMiswired
-			}
-			return nil, err
-		}
-		produced = nil
 	}
 	if err := tx.Commit(ctx); err != nil {
-		ob.Outcome = OutcomeCommitFailed
-		return nil, fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", errtext.Quote(eventID), consumer, err)
+		return nil, e.failed(fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", errtext.Quote(eventID), consumer, err), "", ob)
 	}
 	committed = true
-	use.leave()
-	ob.Outcome = OutcomeProcessed
-	e.reportUnusedTx(s, msg)
-	ob.AfterCommitErr = e.runHooks(ctx, s)
+	ob.Outcome = observe.Processed
+	e.afterCommit(ctx, s, ob)
 	return produced, nil
 }
 
-// stale applies the stale-event policy; stop means the message goes no
-// further, with err as its result.
-func (e *engine) stale(msg *message.Message, consumer, eventID string, ob *Observation) (stop bool, err error) {
-	at, ok := e.config.EventTime(msg)
-	if !ok || at.IsZero() {
-		return false, nil
+// beforeClaim runs the guards and policies that look at a message before
+// any SQL; stop means the message goes no further, with err as its result.
+func (e *engine) beforeClaim(msg *message.Message, consumer, eventID string, ob *observe.Observation) (stop bool, err error) {
+	if err := e.wiring.beforeClaim(e, msg, consumer); err != nil {
+		ob.Outcome = observe.Miswired
+		return true, err
 	}
-	age := time.Since(at)
-	if age <= e.config.MaxEventAge {
-		return false, nil
+	e.lease.beforeClaim(e, consumer, ob)
+	if e.config.MaxEventAge > 0 {
+		return e.stale(msg, consumer, eventID, ob)
 	}
-	ob.Stale = true
-	fields := watermill.LogFields{
-		"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
-		"event_time": at, "age": age.String(), "max_event_age": e.config.MaxEventAge.String(),
-	}
-	switch e.config.StaleEvents {
-	case StaleReject:
-		ob.Outcome = OutcomeStale
-		return true, fmt.Errorf("%w: event %s for consumer %q is %s old, MaxEventAge is %s", ErrStaleEvent, errtext.Quote(eventID), consumer, age.Round(time.Second), e.config.MaxEventAge)
-	case StaleSkip:
-		ob.Outcome = OutcomeStale
-		e.config.Logger.Error("Inbox: STALE EVENT SKIPPED, the handler was not called; if it was never processed before, its effect is missing", ErrStaleEvent, fields)
-		return true, nil
-	}
-	e.config.Logger.Info("Inbox: warning: stale event processed; its inbox row may have been purged, so it may be a duplicate the inbox can no longer detect", fields)
 	return false, nil
 }
 
-// idReused applies the id-reuse policy to a duplicate whose fingerprint
-// differs from the original's, and returns the message's result.
-func (e *engine) idReused(msg *message.Message, consumer, eventID string, ob *Observation) error {
-	ob.Outcome = OutcomeIDReused
-	err := fmt.Errorf("%w: event %s for consumer %q was already processed with another fingerprint, so the producer gave one id to two different events (message %s)", ErrEventIDReused, errtext.Quote(eventID), consumer, msg.UUID)
-	switch e.config.OnIDReuse {
-	case IDReuseReject:
-		return err
-	case IDReuseLog:
-		e.config.Logger.Error("Inbox: event id reused with a different payload; acked as a duplicate, the handler was not called", err, watermill.LogFields{
-			"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
-		})
+// claimOf is what the store is asked to claim.
+func (e *engine) claimOf(msg *message.Message, consumer, eventID string) (inboxdriver.Claim, error) {
+	c := inboxdriver.Claim{TxOptions: e.config.TxOptions, Consumer: consumer, EventID: eventID}
+	if e.config.Fingerprint != nil {
+		c.Fingerprint = e.config.Fingerprint(msg)
+		if len(c.Fingerprint) > MaxFingerprintLength {
+			return c, fmt.Errorf("%w: the fingerprint of event %s is %d bytes, at most %d allowed", ErrInvalidEventID, errtext.Quote(eventID), len(c.Fingerprint), MaxFingerprintLength)
+		}
 	}
+	if e.config.ShardKey != nil {
+		key, err := e.config.ShardKey(msg)
+		if err != nil {
+			return c, fmt.Errorf("%w: no shard key for event %s: %w", ErrInvalidEventID, errtext.Quote(eventID), err)
+		}
+		c.ShardKey = key
+	}
+	return c, nil
+}
+
+// claim asks the store for the claim; a nil tx is a duplicate.
+func (e *engine) claim(ctx context.Context, c inboxdriver.Claim, ob *observe.Observation) (inboxdriver.Tx, []byte, error) {
+	ob.ClaimStart = time.Now()
+	tx, stored, err := e.store.Claim(ctx, c)
+	ob.ClaimDuration = time.Since(ob.ClaimStart)
+	if err != nil {
+		ob.Outcome = observe.ClaimFailed
+		if errors.Is(err, ErrInFlight) {
+			ob.Outcome = observe.InFlight
+		}
+		if !IsPermanent(err) {
+			err = transient(err)
+		}
+		return nil, nil, fmt.Errorf("inbox: claiming event %s for consumer %q: %w", errtext.Quote(c.EventID), c.Consumer, err)
+	}
+	return tx, stored, nil
+}
+
+// duplicate acks a message whose event was already committed, unless its
+// fingerprint says the producer reused the id for another event.
+func (e *engine) duplicate(msg *message.Message, c inboxdriver.Claim, stored []byte, ob *observe.Observation) error {
+	// A NULL stored fingerprint (claimed before fingerprints were on, or
+	// by a message the function returned nil for) never mismatches.
+	if stored != nil && c.Fingerprint != nil && string(stored) != string(c.Fingerprint) {
+		return e.idReused(msg, c.Consumer, c.EventID, ob)
+	}
+	ob.Outcome = observe.Duplicate
+	e.config.Logger.Debug("Inbox: duplicate skipped", watermill.LogFields{
+		"consumer": c.Consumer, "event_id": c.EventID, "message_uuid": msg.UUID,
+	})
 	return nil
+}
+
+// handlerContext is the message context the handler runs with: the session
+// and, for a message from a watermill-sql subscriber, the claim's
+// transaction in the place of the subscriber's (subscribertx.go).
+func (e *engine) handlerContext(ctx context.Context, s *session.Session) (context.Context, error) {
+	hctx := session.With(ctx, s)
+	sub, found := e.subscriber.lookup(ctx)
+	if !found {
+		return hctx, nil
+	}
+	// The handler may take it through the subscriber's accessor, which
+	// the middleware cannot see.
+	s.MarkTxTaken()
+	return sub.standIn(hctx, s.Tx.Handle())
+}
+
+// failed is the message's result when what (the handler; "" for the
+// commit) failed with err: a conflict or an outage the store recognises is
+// transient, and a conflict after the claim is the claim's race.
+func (e *engine) failed(err error, what string, ob *observe.Observation) error {
+	if d, ok := e.store.(inboxdriver.ConflictDetector); ok && d.IsConflict(err) {
+		ob.Outcome = observe.InFlight
+		return fmt.Errorf("%w: %s lost a race the database reported as a conflict (another copy of the event, or a deadlock); rolled back: %w", ErrInFlight, whatOr(what, "the commit"), err)
+	}
+	if what == "" {
+		ob.Outcome = observe.CommitFailed
+		return transient(err)
+	}
+	if d, ok := e.store.(inboxdriver.UnavailableDetector); unavailable(err) || ok && d.IsUnavailable(err) {
+		return transient(err)
+	}
+	return err
+}
+
+func whatOr(what, otherwise string) string {
+	if what == "" {
+		return otherwise
+	}
+	return what
+}
+
+// errRollBackAndAck is the result of a guard after the handler that rolls
+// the transaction back and acks the message.
+var errRollBackAndAck = errors.New("inbox: rolled back and acked")
+
+// afterHandler runs the guards that look at a successful handler call, and
+// publishes its produced messages in the transaction.
+func (e *engine) afterHandler(ctx context.Context, s *session.Session, poisonedBefore string, produced []*message.Message, ob *observe.Observation) ([]*message.Message, error) {
+	if err := e.wiring.afterHandler(e, s, poisonedBefore); err != nil {
+		ob.Outcome = observe.Miswired
+		return nil, err
+	}
+	if e.config.ProducedPublisher == nil || len(produced) == 0 {
+		return produced, nil
+	}
+	s.MarkTxTaken()
+	if err := e.produced.publish(e, ctx, s, produced, ob); err != nil {
+		if errors.Is(err, ErrMiswired) {
+			ob.Outcome = observe.Miswired
+		}
+		return nil, err
+	}
+	return nil, nil
+}
+
+// afterCommit runs the guards that look at a committed message, then its
+// after-commit hooks.
+func (e *engine) afterCommit(ctx context.Context, s *session.Session, ob *observe.Observation) {
+	e.txUse.afterCommit(e, s, ob)
+	ob.AfterCommitErr = e.runHooks(ctx, s)
 }
 
 func (e *engine) consumer(ctx context.Context) (string, error) {
@@ -296,8 +261,8 @@ func (e *engine) consumer(ctx context.Context) (string, error) {
 	if name == "" {
 		return "", ErrNoConsumer
 	}
-	if err := validateConsumer(name); err != nil {
-		return "", fmt.Errorf("inbox: handler name cannot be the consumer (set inbox.Config.Consumer): %w", err)
+	if err := validateName("consumer name", name); err != nil {
+		return "", fmt.Errorf("%w: the handler name cannot be the consumer (set inbox.Config.Consumer): %w", ErrNoConsumer, err)
 	}
 	return name, nil
 }
@@ -310,7 +275,7 @@ func (e *engine) eventID(msg *message.Message) (string, error) {
 		}
 		return "", err
 	}
-	if err := ValidateEventID(id); err != nil {
+	if err := inboxdriver.ValidateEventID(id); err != nil {
 		return "", err
 	}
 	if e.checkID != nil {
@@ -319,38 +284,9 @@ func (e *engine) eventID(msg *message.Message) (string, error) {
 	return id, nil
 }
 
-// runHooks runs the session's after-commit hooks in order and returns
-// their failures. A hook that fails or panics loses only its own effect:
-// the transaction has committed, so the message is still processed and
-// acked, and the hooks after it still run.
-func (e *engine) runHooks(ctx context.Context, s *session) error {
-	hooks := s.end()
-	if len(hooks) == 0 {
-		return nil
+func idOutcome(err error) observe.Outcome {
+	if errors.Is(err, ErrInvalidEventID) {
+		return observe.InvalidID
 	}
-	ctx = context.WithoutCancel(ctx)
-	var errs []error
-	for _, fn := range hooks {
-		stack, err := runHook(ctx, fn)
-		if err == nil {
-			continue
-		}
-		fields := watermill.LogFields{"consumer": s.consumer, "event_id": s.eventID}
-		if stack != nil {
-			fields["stack"] = string(stack)
-		}
-		e.config.Logger.Error("Inbox: after-commit hook failed; its effect is lost for this event", err, fields)
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-// runHook calls fn, turning a panic into an error, with the panic's stack.
-func runHook(ctx context.Context, fn func(context.Context) error) (stack []byte, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			stack, err = debug.Stack(), fmt.Errorf("inbox: after-commit hook panicked: %v", r)
-		}
-	}()
-	return nil, fn(ctx)
+	return observe.MissingID
 }

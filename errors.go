@@ -1,75 +1,118 @@
 package inbox
 
-import "errors"
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"io"
+	"net"
+	"syscall"
 
-// Errors a caller can recognise with [errors.Is]. Each one means the handler
-// did not run and nothing was written, so the message is nacked and can be
-// retried or moved to a poison queue.
+	"github.com/watermill-inbox/inbox/inboxdriver"
+)
+
+// Errors a caller can recognise with [errors.Is]. [IsPermanent] and
+// [IsTransient] sort them for a poison queue and a retry.
 var (
 	// ErrMissingEventID means the message carries no event id where the
-	// configured [EventIDFunc] looks for one. Redelivering it cannot help:
-	// route it to a poison queue and fix the producer.
+	// configured [EventIDFunc] looks for one. Permanent: fix the producer.
 	ErrMissingEventID = errors.New("inbox: message has no event id")
 
 	// ErrInvalidEventID means the event id is empty, longer than
 	// [MaxEventIDLength] bytes, not valid UTF-8, contains a NUL byte, or
-	// does not fit the store's column (for example not a UUID in UUID
-	// mode). The wrapping error quotes the offending id (truncated).
-	ErrInvalidEventID = errors.New("inbox: invalid event id")
+	// does not fit the store's column (a UUID column, a table partitioned
+	// by the time inside ids). Permanent.
+	ErrInvalidEventID = inboxdriver.ErrInvalidEventID
 
 	// ErrNoConsumer means neither [Config.Consumer] nor the Watermill
-	// handler name is set, so there is no key to scope the claim. Set
-	// Config.Consumer when the middleware runs outside a router handler.
+	// handler name is set: set Config.Consumer when the middleware runs
+	// outside a router handler. Permanent.
 	ErrNoConsumer = errors.New("inbox: no consumer name (set inbox.Config.Consumer or run the middleware inside a router handler)")
 
-	// ErrInFlight means another delivery of the same event is still inside
-	// its transaction and the store gave up waiting for it (see the store's
-	// claim timeout). The message is nacked and will be retried; by then the
-	// other copy has committed (this one becomes a duplicate) or rolled back
-	// (this one is processed).
-	ErrInFlight = errors.New("inbox: another delivery of this event is still being processed; retry later")
+	// ErrInFlight means another delivery of the same event is still in its
+	// transaction past the store's claim timeout, or won a race the
+	// database reported as a conflict. Transient: by the retry the other
+	// copy has committed (this one becomes a duplicate) or rolled back.
+	ErrInFlight = inboxdriver.ErrInFlight
 
-	// ErrEventIDReused means the event id was already processed with another
-	// fingerprint ([Config.Fingerprint]): the producer gave one id to two
-	// different events. Only [IDReuseReject] returns it; redelivering
-	// cannot help, so route it to a poison queue and fix the producer.
+	// ErrEventIDReused means the event id was already processed with
+	// another fingerprint ([Config.Fingerprint]): the producer gave one id
+	// to two events. Only [IDReuseReject] returns it. Permanent.
 	ErrEventIDReused = errors.New("inbox: event id reused for a different event")
 
 	// ErrStaleEvent means the event is older than [Config.MaxEventAge], so
-	// its inbox row may have been purged and a duplicate of it would go
-	// unnoticed. Only [StaleReject] returns it.
+	// its inbox row may have been purged. Only [StaleReject] returns it.
+	// Permanent.
 	ErrStaleEvent = errors.New("inbox: event is older than MaxEventAge")
 
-	// ErrMiswired means the middleware is wired so that it cannot keep its
-	// guarantee: one fixed [Config.Consumer] reached from two handler names
-	// (see [Config.ShareConsumer]), the inbox applied twice to one handler,
-	// [Handler] given another middleware, or a handler called twice in one
-	// transaction. The wrapping error says which and what to do;
-	// redelivering cannot help until the wiring is fixed.
+	// ErrMiswired means processing the message would lose or double an
+	// effect because of how the middleware is wired: the inbox applied
+	// twice to one handler, [Handler] given another middleware, a handler
+	// called twice in one transaction, one fixed [Config.Consumer] reached
+	// from two handler names, a produced publisher that does not write
+	// through the transaction. Permanent until the wiring is fixed.
 	ErrMiswired = errors.New("inbox: middleware miswired")
 
-	// ErrSubscriberTx means the message comes with a transaction its
-	// subscriber opened (a watermill-sql subscriber's, which that package's
-	// TxFromContext returns) that this middleware's transaction cannot take
-	// the place of: a pgx one when the store is on database/sql
-	// (a sqlinbox.Store), a database/sql one when it is on native pgx
-	// (a pgxinbox.Store). The handler's writes there would commit apart from
-	// the claim, so the claim is rolled back and the message refused before
-	// the handler runs; the error says which subscriber setup fits.
+	// ErrSubscriberTx means the message comes with a watermill-sql
+	// subscriber's transaction of a kind the store's cannot stand in for
+	// (a pgx one behind a database/sql store, or the reverse), so the
+	// handler's writes there would commit apart from the claim. Permanent.
 	ErrSubscriberTx = errors.New("inbox: the message carries a subscriber's transaction this middleware cannot stand in for")
 
-	// ErrNotInInbox is returned by [AfterCommit] when the context does not
-	// come from a message handled by the inbox middleware; a handler
-	// returns it when [TxFromContext] (or pgxinbox.TxFromContext) reports
-	// false.
+	// ErrNotInInbox is returned by [AfterCommit] outside an inbox
+	// transaction; a handler returns it when [TxFromContext] reports false.
 	ErrNotInInbox = errors.New("inbox: context is not inside an inbox transaction")
 
 	// ErrTxEnded is returned by [AfterCommit] called after the handler
-	// returned, from a goroutine it started or with a context kept past it:
-	// the inbox transaction has already committed or rolled back, so the
-	// hook would never run. Register hooks before the handler returns.
-	ErrTxEnded = errors.New("inbox: the inbox transaction has already ended, so this AfterCommit hook would never run; register hooks before the handler returns")
+	// returned: the transaction has ended and the hook would never run.
+	ErrTxEnded = errors.New("inbox: the inbox transaction has already ended; register AfterCommit hooks before the handler returns")
 )
+
+// IsPermanent reports whether redelivering the message that failed with err
+// cannot help: its event id is missing or invalid, its id was reused, it is
+// stale under [StaleReject], or it was refused as miswired. Send it to the
+// poison queue at once (docs/wiring.md#retries-and-the-poison-queue).
+func IsPermanent(err error) bool {
+	for _, target := range permanent {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+var permanent = []error{ErrMissingEventID, ErrInvalidEventID, ErrNoConsumer, ErrEventIDReused, ErrStaleEvent, ErrMiswired, ErrSubscriberTx}
+
+// IsTransient reports whether err means the database could not finish the
+// message's transaction for a reason that passes: it or the connection to
+// it was down, the claim could not be made, the commit failed, another copy
+// of the event held or won the claim ([ErrInFlight]). Nothing was committed,
+// or the redelivery finds out: keep retrying such a message rather than
+// poisoning it.
+func IsTransient(err error) bool {
+	var t transientError
+	return errors.As(err, &t) || errors.Is(err, ErrInFlight)
+}
+
+// transientError marks an error [IsTransient] reports.
+type transientError struct{ err error }
+
+func (e transientError) Error() string { return e.err.Error() }
+func (e transientError) Unwrap() error { return e.err }
+
+func transient(err error) error { return transientError{err} }
+
+// unavailable reports errors that mean the connection or the database went
+// away, whatever the driver: the store adds its database's codes
+// (inboxdriver.UnavailableDetector).
+func unavailable(err error) bool {
+	var ne net.Error
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne)
+}
 
 // errPanicked is the Err of the observation of a handler that panicked; the
 // panic itself goes on unchanged.

@@ -5,19 +5,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/errtext"
 )
 
 // DefaultEventIDMetadataKey is the metadata key [DefaultEventID] reads first.
 const DefaultEventIDMetadataKey = "event_id"
 
-// MaxEventIDLength is the longest event id accepted, in bytes. It matches the
-// width of the inbox table's event_id column on every dialect.
-const MaxEventIDLength = 255
+// MaxEventIDLength is the longest event id accepted, in bytes: the width of
+// the inbox table's event_id column on every dialect.
+const MaxEventIDLength = inboxdriver.MaxEventIDLength
 
 // EventIDFunc returns the stable id the producer gave an event. It must return
 // the same id for every delivery of the same event and never derive it from
@@ -85,22 +85,4 @@ func EventIDFromJSONField(field string) EventIDFunc {
 		}
 		return "", fmt.Errorf("%w: payload field %q is %s, want a string or an integer", ErrInvalidEventID, field, errtext.Quote(string(raw)))
 	}
-}
-
-// ValidateEventID reports whether id can be stored: non-empty, at most
-// [MaxEventIDLength] bytes, valid UTF-8, no NUL byte (PostgreSQL text cannot
-// hold one, and other databases would silently accept what PostgreSQL
-// rejects). The error wraps [ErrInvalidEventID] and quotes the id, truncated.
-func ValidateEventID(id string) error {
-	switch {
-	case id == "":
-		return fmt.Errorf("%w: empty", ErrInvalidEventID)
-	case len(id) > MaxEventIDLength:
-		return fmt.Errorf("%w: %d bytes, at most %d allowed: %s", ErrInvalidEventID, len(id), MaxEventIDLength, errtext.Quote(id))
-	case !utf8.ValidString(id):
-		return fmt.Errorf("%w: not valid UTF-8: %s", ErrInvalidEventID, errtext.Quote(id))
-	case strings.IndexByte(id, 0) >= 0:
-		return fmt.Errorf("%w: contains a NUL byte: %s", ErrInvalidEventID, errtext.Quote(id))
-	}
-	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 func TestDefaultEventID(t *testing.T) {
@@ -55,10 +56,10 @@ func TestEventIDFromJSONField(t *testing.T) {
 
 func TestValidateEventID(t *testing.T) {
 	t.Parallel()
-	require.NoError(t, inbox.ValidateEventID("x"))
-	require.NoError(t, inbox.ValidateEventID(strings.Repeat("é", inbox.MaxEventIDLength/2)))
+	require.NoError(t, inboxdriver.ValidateEventID("x"))
+	require.NoError(t, inboxdriver.ValidateEventID(strings.Repeat("é", inbox.MaxEventIDLength/2)))
 	for _, bad := range []string{"", strings.Repeat("x", inbox.MaxEventIDLength+1), "a\x00", "\xc3\x28"} {
-		err := inbox.ValidateEventID(bad)
+		err := inboxdriver.ValidateEventID(bad)
 		require.ErrorIs(t, err, inbox.ErrInvalidEventID, "%q", bad)
 		require.LessOrEqual(t, len(err.Error()), 200, "the error quotes a truncated id")
 	}
@@ -72,7 +73,7 @@ func FuzzValidateEventID(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
-		err := inbox.ValidateEventID(id)
+		err := inboxdriver.ValidateEventID(id)
 		ok := id != "" && len(id) <= inbox.MaxEventIDLength && utf8.ValidString(id) && !strings.ContainsRune(id, 0)
 		if ok != (err == nil) {
 			t.Fatalf("ValidateEventID(%q) = %v, want ok=%v", id, err, ok)

@@ -4,7 +4,12 @@ import (
 	"crypto/sha256"
 	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/errtext"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // MaxFingerprintLength is the longest fingerprint accepted, in bytes (a
@@ -64,3 +69,19 @@ const (
 	// the observer (a metric) sees it.
 	IDReuseIgnore
 )
+
+// idReused applies the id-reuse policy to a duplicate whose fingerprint
+// differs from the original's, and returns the message's result.
+func (e *engine) idReused(msg *message.Message, consumer, eventID string, ob *observe.Observation) error {
+	ob.Outcome = observe.IDReused
+	err := fmt.Errorf("%w: event %s for consumer %q was processed with another fingerprint (message %s)", ErrEventIDReused, errtext.Quote(eventID), consumer, msg.UUID)
+	switch e.config.OnIDReuse {
+	case IDReuseReject:
+		return err
+	case IDReuseLog:
+		e.config.Logger.Error("Inbox: event id reused with another payload; acked as a duplicate without calling the handler", err, watermill.LogFields{
+			"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
+		})
+	}
+	return nil
+}

@@ -4,26 +4,26 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/session"
 )
 
 // Handler wraps h in the inbox middleware mw (from [NewMiddleware]), for
 // [message.Router.AddHandler]. The inbox is then the innermost layer by
 // construction: every middleware added to the router or to the handler, in
 // any order, wraps it from outside, so a Retry gets a new transaction per
-// attempt and a PoisonQueue sees the rollback. Added with
-// [message.Router.AddMiddleware] instead, the inbox is only as inner as the
-// order of the calls makes it.
+// attempt and a PoisonQueue sees the rollback.
 //
-// The returned function refuses, with [ErrMiswired], to call h outside an inbox
-// transaction (mw is not the inbox) or twice in one transaction.
+// The returned function refuses, with [ErrMiswired], to call h outside an
+// inbox transaction (mw is not the inbox) or twice in one transaction.
 func Handler(mw message.HandlerMiddleware, h message.HandlerFunc) message.HandlerFunc {
 	return mw(func(msg *message.Message) ([]*message.Message, error) {
-		s := sessionFrom(msg.Context())
+		s := session.From(msg.Context())
 		if s == nil {
-			return nil, fmt.Errorf("%w: inbox.Handler was given a middleware that is not the inbox (inbox.NewMiddleware)", ErrMiswired)
+			return nil, fmt.Errorf("%w: inbox.Handler was given a middleware that is not the inbox", ErrMiswired)
 		}
-		if err := s.enterHandler(); err != nil {
-			return nil, err
+		if n := s.EnterHandler(); n > 1 {
+			return nil, errCalledTwice(s, n)
 		}
 		return h(msg)
 	})

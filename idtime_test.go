@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 func TestTimeInEventID(t *testing.T) {
@@ -63,12 +64,12 @@ func TestParseTimeInEventID(t *testing.T) {
 		watermill.NewUUID():          "carries no time",
 		"":                           "carries no time",
 	} {
-		at, err := inbox.ParseTimeInEventID(id)
+		at, err := inboxdriver.EventIDTime(id)
 		if err == nil || !strings.HasPrefix(err.Error(), want) {
 			t.Errorf("ParseTimeInEventID(%q) = %v, %v; want an error starting %q", id, at, err, want)
 		}
 	}
-	at, err := inbox.ParseTimeInEventID("01fwhe4ydg0000000000000000")
+	at, err := inboxdriver.EventIDTime("01fwhe4ydg0000000000000000")
 	if err != nil || at.UnixMilli() != 1645557742000 {
 		t.Errorf("got %v, %v", at, err)
 	}

@@ -19,6 +19,7 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -282,7 +283,7 @@ func TestPoisonQueueInsideTheInbox(t *testing.T) {
 			replay := copies[0].Copy()
 			logs := w.errorLogs()
 			if tc.inside {
-				require.Equal(t, []inbox.Outcome{inbox.OutcomeMiswired}, rec.outcomes())
+				require.Equal(t, []observe.Outcome{observe.Miswired}, rec.outcomes())
 				require.Len(t, logs, 1)
 				require.ErrorIs(t, logs[0].Err, inbox.ErrMiswired)
 				require.Contains(t, logs[0].Msg, "PoisonQueue")

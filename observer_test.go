@@ -15,28 +15,29 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 type recorder struct {
 	mu  sync.Mutex
-	obs []inbox.Observation
+	obs []observe.Observation
 }
 
 type ctxMark struct{}
 
-func (r *recorder) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return context.WithValue(ctx, ctxMark{}, true), func(ob inbox.Observation) {
+func (r *recorder) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return context.WithValue(ctx, ctxMark{}, true), func(ob observe.Observation) {
 		r.mu.Lock()
 		r.obs = append(r.obs, ob)
 		r.mu.Unlock()
 	}
 }
 
-func (r *recorder) outcomes() []inbox.Outcome {
+func (r *recorder) outcomes() []observe.Outcome {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]inbox.Outcome, len(r.obs))
+	out := make([]observe.Outcome, len(r.obs))
 	for i, ob := range r.obs {
 		out[i] = ob.Outcome
 	}
@@ -50,7 +51,7 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchema(context.Background()))
 	rec := &recorder{}
-	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c", Observer: inbox.Observers(rec)})
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c", Observer: observe.Join(rec)})
 	require.NoError(t, err)
 
 	msg := func(id string) *message.Message {
@@ -82,9 +83,9 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 		_, _ = mw(func(*message.Message) ([]*message.Message, error) { panic("p") })(msg("c"))
 	})
 
-	require.Equal(t, []inbox.Outcome{
-		inbox.OutcomeProcessed, inbox.OutcomeDuplicate, inbox.OutcomeInvalidID, inbox.OutcomeMissingID,
-		inbox.OutcomeRolledBack, inbox.OutcomeRolledBack,
+	require.Equal(t, []observe.Outcome{
+		observe.Processed, observe.Duplicate, observe.InvalidID, observe.MissingID,
+		observe.RolledBack, observe.RolledBack,
 	}, rec.outcomes())
 	first := rec.obs[0]
 	require.Equal(t, "c", first.Consumer)
@@ -96,18 +97,18 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 	require.NoError(t, db.Close())
 	_, err = mw(ok)(msg("d"))
 	require.Error(t, err)
-	require.Equal(t, inbox.OutcomeClaimFailed, rec.outcomes()[6])
+	require.Equal(t, observe.ClaimFailed, rec.outcomes()[6])
 }
 
 // panicky panics in Start for the handlers in start, and in its done
 // callback for the others.
 type panicky struct{ start map[string]bool }
 
-func (p panicky) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+func (p panicky) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
 	if p.start[message.HandlerNameFromCtx(ctx)] {
 		panic("Start exploded")
 	}
-	return ctx, func(inbox.Observation) { panic("done exploded") }
+	return ctx, func(observe.Observation) { panic("done exploded") }
 }
 
 // A lone observer that panics in Start or in done changes nothing for the

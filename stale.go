@@ -2,9 +2,15 @@ package inbox
 
 import (
 	"context"
+	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-inbox/inbox/internal/errtext"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // EventTimeFunc returns when the producer created the event, and false when
@@ -58,3 +64,32 @@ const (
 	// at error level: its effect is lost if it was never processed.
 	StaleSkip
 )
+
+// stale applies the stale-event policy; stop means the message goes no
+// further, with err as its result.
+func (e *engine) stale(msg *message.Message, consumer, eventID string, ob *observe.Observation) (stop bool, err error) {
+	at, ok := e.config.EventTime(msg)
+	if !ok || at.IsZero() {
+		return false, nil
+	}
+	age := time.Since(at)
+	if age <= e.config.MaxEventAge {
+		return false, nil
+	}
+	ob.Stale = true
+	fields := watermill.LogFields{
+		"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
+		"event_time": at, "age": age.String(), "max_event_age": e.config.MaxEventAge.String(),
+	}
+	switch e.config.StaleEvents {
+	case StaleReject:
+		ob.Outcome = observe.Stale
+		return true, fmt.Errorf("%w: event %s for consumer %q is %s old, MaxEventAge is %s", ErrStaleEvent, errtext.Quote(eventID), consumer, age.Round(time.Second), e.config.MaxEventAge)
+	case StaleSkip:
+		ob.Outcome = observe.Stale
+		e.config.Logger.Error("Inbox: stale event skipped, the handler was not called; if it was never processed, its effect is missing", ErrStaleEvent, fields)
+		return true, nil
+	}
+	e.config.Logger.Info("Inbox: warning: stale event processed; its row may have been purged, so it may be an undetected duplicate", fields)
+	return false, nil
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 func timedMsg(age time.Duration) *message.Message {
@@ -30,13 +31,13 @@ func TestStalePolicies(t *testing.T) {
 		age     time.Duration
 		wantErr error // errors.Is
 		claimed bool  // the store was asked (its refusal is the error)
-		outcome inbox.Outcome
+		outcome observe.Outcome
 		level   watermill.LogLevel // one line logged at this level
 	}{
-		{"reject", inbox.StaleReject, 2 * time.Hour, inbox.ErrStaleEvent, false, inbox.OutcomeStale, 0},
-		{"skip", inbox.StaleSkip, 2 * time.Hour, nil, false, inbox.OutcomeStale, watermill.ErrorLogLevel},
-		{"process", inbox.StaleProcess, 2 * time.Hour, nil, true, inbox.OutcomeClaimFailed, watermill.InfoLogLevel},
-		{"fresh", inbox.StaleReject, time.Minute, nil, true, inbox.OutcomeClaimFailed, 0},
+		{"reject", inbox.StaleReject, 2 * time.Hour, inbox.ErrStaleEvent, false, observe.Stale, 0},
+		{"skip", inbox.StaleSkip, 2 * time.Hour, nil, false, observe.Stale, watermill.ErrorLogLevel},
+		{"process", inbox.StaleProcess, 2 * time.Hour, nil, true, observe.ClaimFailed, watermill.InfoLogLevel},
+		{"fresh", inbox.StaleReject, time.Minute, nil, true, observe.ClaimFailed, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -58,7 +59,7 @@ func TestStalePolicies(t *testing.T) {
 				require.NoError(t, err)
 			}
 			require.False(t, called)
-			require.Equal(t, []inbox.Outcome{tc.outcome}, rec.outcomes())
+			require.Equal(t, []observe.Outcome{tc.outcome}, rec.outcomes())
 			// Every policy marks a stale event, StaleProcess included,
 			// whose outcome alone would not show it.
 			require.Equal(t, tc.age > time.Hour, rec.obs[0].Stale)

@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"errors"
 
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
-// nopStore satisfies inbox.Store for configuration tests that never claim.
+// nopStore satisfies inboxdriver.Store for configuration tests that never claim.
 type nopStore struct{}
 
-func (nopStore) Claim(context.Context, *sql.TxOptions, string, string, []byte) (inbox.StoreTx, []byte, error) {
+func (nopStore) Claim(context.Context, *sql.TxOptions, string, string, []byte) (inboxdriver.Tx, []byte, error) {
 	return nil, nil, errors.New("nopStore does not claim")
 }

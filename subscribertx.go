@@ -47,12 +47,10 @@ type subscriberTx struct {
 	found      bool
 }
 
-// watermillSQLTx finds watermill-sql's transactions.
-var watermillSQLTx = &txFinder{isKey: isWatermillSQLKey}
-
-func lookupSubscriberTx(ctx context.Context) subscriberTx {
-	key, value, ok := watermillSQLTx.find(ctx)
-	return subscriberTx{key: key, value: value, found: ok}
+// lookup finds the watermill-sql transaction ctx carries, if any.
+func (f *txFinder) lookup(ctx context.Context) (subscriberTx, bool) {
+	key, value, ok := f.find(ctx)
+	return subscriberTx{key: key, value: value, found: ok}, ok
 }
 
 // standIn returns ctx with tx, the claim's transaction as the handler writes
@@ -91,11 +89,13 @@ func isWatermillSQLKey(t reflect.Type) bool {
 //
 // A context never changes its parents nor its values once made, so a clean
 // context stays clean.
+// The zero value finds watermill-sql's transactions.
 type txFinder struct {
-	isKey func(reflect.Type) bool
+	isKey func(reflect.Type) bool // nil: watermill-sql's keys
 	known atomic.Pointer[[]any]
 	mu    sync.Mutex // serialises writes to known
 	clean [cleanSlots]atomic.Pointer[reflect.Value]
+	plans sync.Map // reflect.Type -> *contextPlan
 }
 
 // cleanSlots is how many clean contexts a txFinder remembers, one per slot
@@ -208,7 +208,7 @@ func (f *txFinder) walk(ctx context.Context) (keys []any, visited []reflect.Valu
 		if v.Kind() != reflect.Struct {
 			continue
 		}
-		p := planFor(v.Type())
+		p := f.planFor(v.Type())
 		for _, i := range p.parents {
 			stack = append(stack, v.FieldByIndex(i))
 		}
@@ -217,7 +217,7 @@ func (f *txFinder) walk(ctx context.Context) (keys []any, visited []reflect.Valu
 			if fv.IsNil() {
 				continue
 			}
-			if kt := fv.Elem().Type(); f.isKey(kt) {
+			if kt := fv.Elem().Type(); f.keyType(kt) {
 				k := reflect.New(kt).Elem()
 				k.SetString(fv.Elem().String())
 				keys = append(keys, k.Interface())
@@ -238,15 +238,13 @@ type contextPlan struct {
 	parents, values [][]int
 }
 
-var contextPlans sync.Map // reflect.Type -> *contextPlan
-
-func planFor(t reflect.Type) *contextPlan {
-	if p, ok := contextPlans.Load(t); ok {
+func (f *txFinder) planFor(t reflect.Type) *contextPlan {
+	if p, ok := f.plans.Load(t); ok {
 		return p.(*contextPlan)
 	}
 	p := &contextPlan{}
 	p.add(t, nil)
-	contextPlans.Store(t, p)
+	f.plans.Store(t, p)
 	return p
 }
 
@@ -293,7 +291,12 @@ func standIn(value, tx any) (any, error) {
 			return w.Interface(), nil
 		}
 	}
-	return nil, fmt.Errorf("%w: the message comes with a transaction of type %s (watermill-sql's sql.TxFromContext returns it), and the inbox store's transaction, a %s, cannot take its place for the handler; "+
-		"give the subscriber a database/sql connection for a sqlinbox store (watermill-sql v4: sql.BeginnerFromStdSQL), or a pgx one for a pgxinbox store (sql.BeginnerFromPgx)",
-		ErrSubscriberTx, vt, txType)
+	return nil, fmt.Errorf("%w: a %s cannot stand in for the subscriber's %s; see docs/wiring.md#messages-from-sql-pubsub-subscribers", ErrSubscriberTx, txType, vt)
+}
+
+func (f *txFinder) keyType(t reflect.Type) bool {
+	if f.isKey == nil {
+		return isWatermillSQLKey(t)
+	}
+	return f.isKey(t)
 }

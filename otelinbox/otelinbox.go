@@ -19,13 +19,12 @@ import (
 	"context"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/watermill-inbox/inbox/observe"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-
-	inbox "github.com/watermill-inbox/inbox"
 )
 
 // ScopeName is the instrumentation scope of the [trace.Tracer], as
@@ -57,15 +56,15 @@ type Config struct {
 	OmitEventID bool
 }
 
-// Tracer is an [inbox.Observer] that records spans.
+// Tracer is an [observe.Observer] that records spans.
 type Tracer struct {
 	tracer      trace.Tracer
 	omitEventID bool
 }
 
-var _ inbox.Observer = (*Tracer)(nil)
+var _ observe.Observer = (*Tracer)(nil)
 
-// New returns an [inbox.Observer] tracing every message through the inbox.
+// New returns an [observe.Observer] tracing every message through the inbox.
 func New(config Config) *Tracer {
 	tp := config.TracerProvider
 	if tp == nil {
@@ -74,25 +73,25 @@ func New(config Config) *Tracer {
 	return &Tracer{tracer: tp.Tracer(ScopeName), omitEventID: config.OmitEventID}
 }
 
-// Start implements [inbox.Observer]. The span is named "inbox" at first and
+// Start implements [observe.Observer]. The span is named "inbox" at first and
 // renamed "inbox <consumer>" when the consumer is known, as the message
 // leaves: the consumer may be the handler name or [inbox.Config.Consumer],
 // which only the middleware knows.
-func (t *Tracer) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+func (t *Tracer) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
 	ctx, span := t.tracer.Start(ctx, "inbox", trace.WithSpanKind(trace.SpanKindConsumer))
-	return ctx, func(ob inbox.Observation) {
+	return ctx, func(ob observe.Observation) {
 		ids := []attribute.KeyValue{AttrConsumer.String(ob.Consumer)}
 		if !t.omitEventID && ob.EventID != "" {
 			ids = append(ids, AttrEventID.String(ob.EventID))
 		}
-		duplicate := AttrDuplicate.Bool(ob.Outcome == inbox.OutcomeDuplicate)
+		duplicate := AttrDuplicate.Bool(ob.Outcome == observe.Duplicate)
 		if !ob.ClaimStart.IsZero() {
 			_, claim := t.tracer.Start(ctx, "inbox claim",
 				trace.WithTimestamp(ob.ClaimStart),
 				trace.WithSpanKind(trace.SpanKindInternal),
 				trace.WithAttributes(ids...),
 				trace.WithAttributes(duplicate))
-			if ob.Outcome == inbox.OutcomeClaimFailed || ob.Outcome == inbox.OutcomeInFlight {
+			if ob.Outcome == observe.ClaimFailed || ob.Outcome == observe.InFlight {
 				setError(claim, ob.Err)
 			}
 			claim.End(trace.WithTimestamp(ob.ClaimStart.Add(ob.ClaimDuration)))
@@ -105,7 +104,7 @@ func (t *Tracer) Start(ctx context.Context) (context.Context, func(inbox.Observa
 		if ob.Stale {
 			span.SetAttributes(AttrStale.Bool(true))
 		}
-		if ob.Outcome != inbox.OutcomeProcessed && ob.Outcome != inbox.OutcomeDuplicate {
+		if ob.Outcome != observe.Processed && ob.Outcome != observe.Duplicate {
 			setError(span, ob.Err)
 		}
 		if ob.AfterCommitErr != nil {

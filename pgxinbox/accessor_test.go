@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -22,13 +23,13 @@ func TestWrongAccessorIsLogged(t *testing.T) {
 	db := testdb.Postgres(t, "pgx")
 	for _, tc := range []struct {
 		name  string
-		store func(sc sqlinbox.Config) inbox.Store
+		store func(sc sqlinbox.Config) inboxdriver.Store
 		take  func(ctx context.Context) bool
 		want  string
 	}{
 		{
 			name:  "inbox.TxFromContext behind pgxinbox",
-			store: func(sc sqlinbox.Config) inbox.Store { return newStore(t, sc) },
+			store: func(sc sqlinbox.Config) inboxdriver.Store { return newStore(t, sc) },
 			take: func(ctx context.Context) bool {
 				_, ok := inbox.TxFromContext(ctx)
 				return ok
@@ -37,7 +38,7 @@ func TestWrongAccessorIsLogged(t *testing.T) {
 		},
 		{
 			name: "pgxinbox.TxFromContext behind sqlinbox",
-			store: func(sc sqlinbox.Config) inbox.Store {
+			store: func(sc sqlinbox.Config) inboxdriver.Store {
 				s, err := sqlinbox.New(db, sc)
 				require.NoError(t, err)
 				return s

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
@@ -56,7 +56,7 @@ func nativeTarget(name, dsn string) conformancetest.Target {
 		FailedStatementAbortsTx: true,
 		ClaimTimeout:            true,
 		Native: &conformancetest.Native{
-			Store: func(t testing.TB, sc sqlinbox.Config) (inbox.Store, func(), error) {
+			Store: func(t testing.TB, sc sqlinbox.Config) (inboxdriver.Store, func(), error) {
 				pool, err := pgxpool.New(context.Background(), dsn)
 				require.NoError(t, err)
 				t.Cleanup(pool.Close)

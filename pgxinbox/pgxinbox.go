@@ -27,10 +27,14 @@ package pgxinbox
 
 import (
 	"context"
+	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/internal/session"
 )
 
 // TxFromContext returns the pgx transaction that holds the message's inbox
@@ -41,5 +45,24 @@ import (
 // [*sqlinbox.Store]), it returns false and logs once per consumer, at error
 // level through [inbox.Config.Logger], that [inbox.TxFromContext] fits.
 func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
-	return inbox.StoreTxAs[pgx.Tx](ctx, "pgxinbox.TxFromContext")
+	return session.As[pgx.Tx](ctx, "pgxinbox.TxFromContext")
+}
+
+// PublishInTx returns the inbox.Config.ProducedPublisher of a [Store]:
+// build makes, for each message, a publisher that writes through tx, the
+// transaction of the message's claim (watermill-sql v4:
+// sql.NewPublisher(sql.TxFromPgx(tx), ...)). The messages then commit with
+// the claim and the handler's effect.
+func PublishInTx(build func(tx pgx.Tx) (message.Publisher, error)) inboxdriver.TxPublisher {
+	return pgxPublisher(build)
+}
+
+type pgxPublisher func(tx pgx.Tx) (message.Publisher, error)
+
+func (b pgxPublisher) PublisherFor(tx inboxdriver.Tx) (message.Publisher, error) {
+	t, ok := tx.Handle().(pgx.Tx)
+	if !ok {
+		return nil, fmt.Errorf("%w: pgxinbox.PublishInTx needs a pgx.Tx, and this store hands out a %T: use inbox.PublishInTx", inbox.ErrMiswired, tx.Handle())
+	}
+	return b(t)
 }

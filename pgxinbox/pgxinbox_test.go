@@ -15,6 +15,7 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -163,11 +164,11 @@ func TestNewStoreRefusesWhatItCannotDo(t *testing.T) {
 
 type recorder struct {
 	mu       sync.Mutex
-	outcomes []inbox.Outcome
+	outcomes []observe.Outcome
 }
 
-func (r *recorder) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(o inbox.Observation) {
+func (r *recorder) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(o observe.Observation) {
 		r.mu.Lock()
 		r.outcomes = append(r.outcomes, o.Outcome)
 		r.mu.Unlock()
@@ -186,7 +187,7 @@ func TestObserver(t *testing.T) {
 	_, _ = mw(ok)(msg("a"))
 	_, _ = mw(ok)(msg("a"))
 	_, _ = mw(ok)(msg("a\x00b"))
-	require.Equal(t, []inbox.Outcome{inbox.OutcomeRolledBack, inbox.OutcomeProcessed, inbox.OutcomeDuplicate, inbox.OutcomeInvalidID}, rec.outcomes)
+	require.Equal(t, []observe.Outcome{observe.RolledBack, observe.Processed, observe.Duplicate, observe.InvalidID}, rec.outcomes)
 }
 
 // ClaimTimeout bounds the pipelined claim only: the handler's statements

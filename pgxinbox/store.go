@@ -13,8 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
+	"github.com/watermill-inbox/inbox/internal/poolgate"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -39,15 +40,16 @@ type Store struct {
 
 	mu       sync.Mutex  // serialises the layout check
 	verified atomic.Bool // set by the first claim that succeeds
+	gate     poolgate.Gate
 }
 
 var (
-	_ inbox.Store              = (*Store)(nil)
-	_ inbox.EventIDChecker     = (*Store)(nil)
-	_ inbox.FingerprintChecker = (*Store)(nil)
-	_ inbox.TxWriteCounter     = (*Store)(nil)
-	_ inbox.ConsumerRegistry   = (*Store)(nil)
-	_ inbox.ClaimPool          = (*Store)(nil)
+	_ inboxdriver.Store               = (*Store)(nil)
+	_ inboxdriver.EventIDChecker      = (*Store)(nil)
+	_ inboxdriver.FingerprintChecker  = (*Store)(nil)
+	_ inboxdriver.TxWriteCounter      = (*Store)(nil)
+	_ inboxdriver.ConsumerRegistry    = (*Store)(nil)
+	_ inboxdriver.UnavailableDetector = (*Store)(nil)
 )
 
 // NewStore returns a [Store] for pool, configured as a [sqlinbox.Store]:
@@ -71,7 +73,7 @@ func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
 	}
 	maxConns := int(pool.Config().MaxConns)
 	if maxConns < 2 {
-		return nil, fmt.Errorf("pgxinbox: invalid config: the pool opens at most %d connection, and each message in flight holds one for its whole handler: give it at least 2 (pool_max_conns), so that the inbox can leave one free for everything else (pgxpool does not count the callers waiting for a connection, so a handler asking a pool of one for a second connection could not even be detected)", maxConns)
+		return nil, fmt.Errorf("pgxinbox: invalid config: the pool opens at most %d connection; give it at least 2 (pool_max_conns), so that the claims can leave one free", maxConns)
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	s, err := sqlinbox.New(db, config)
@@ -82,10 +84,8 @@ func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
 	return &Store{sql: s, db: db, pool: pool, maxConns: maxConns, claim: s.Maintenance().ClaimSQL()}, nil
 }
 
-// ClaimPool implements [inbox.ClaimPool]: the pool and its MaxConns, so
-// that the middleware leaves one connection free; pgxpool does not count
-// the callers waiting for a connection.
-func (s *Store) ClaimPool() (pool any, maxConns int, waits int64) { return s.pool, s.maxConns, -1 }
+// poolSize is the pool's MaxConns.
+func (s *Store) poolSize() int { return s.maxConns }
 
 // Pool returns the pool the store claims on.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
@@ -99,14 +99,18 @@ func (s *Store) CreateSchema(ctx context.Context) error { return s.sql.CreateSch
 // SchemaSQL is [sqlinbox.Store.SchemaSQL].
 func (s *Store) SchemaSQL() string { return s.sql.SchemaSQL() }
 
-// RegistryTable is [sqlinbox.Store.RegistryTable].
-func (s *Store) RegistryTable() string { return s.sql.RegistryTable() }
+// LeaseTable is [sqlinbox.Store.LeaseTable].
+func (s *Store) LeaseTable() string { return s.sql.LeaseTable() }
 
-// RegisterConsumer implements [inbox.ConsumerRegistry] as
-// [sqlinbox.Store.RegisterConsumer] does, on a connection of the pool.
-func (s *Store) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
-	return s.sql.RegisterConsumer(ctx, consumer, service)
+// Heartbeat implements [inboxdriver.ConsumerRegistry] as
+// [sqlinbox.Store.Heartbeat] does, on a connection of the pool.
+func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
+	return s.sql.Heartbeat(ctx, h)
 }
+
+// IsUnavailable implements [inboxdriver.UnavailableDetector] as
+// [sqlinbox.Store.IsUnavailable] does.
+func (s *Store) IsUnavailable(err error) bool { return s.sql.IsUnavailable(err) }
 
 // SchemaStatements is [sqlinbox.Store.SchemaStatements].
 func (s *Store) SchemaStatements() []string { return s.sql.SchemaStatements() }
@@ -126,11 +130,11 @@ func (s *Store) OldestClaim(ctx context.Context) (time.Time, bool, error) {
 	return s.sql.OldestClaim(ctx)
 }
 
-// CheckEventID implements [inbox.EventIDChecker] as
+// CheckEventID implements [inboxdriver.EventIDChecker] as
 // [sqlinbox.Store.CheckEventID] does.
 func (s *Store) CheckEventID(id string) (string, error) { return s.sql.CheckEventID(id) }
 
-// CheckFingerprints implements [inbox.FingerprintChecker] as
+// CheckFingerprints implements [inboxdriver.FingerprintChecker] as
 // [sqlinbox.Store.CheckFingerprints] does.
 func (s *Store) CheckFingerprints() error { return s.sql.CheckFingerprints() }
 
@@ -140,19 +144,22 @@ func (s *Store) Close() error {
 	return errors.Join(s.sql.Close(), s.db.Close())
 }
 
-// Claim implements [inbox.Store] on a pooled connection, in one round trip:
-// BEGIN and the INSERT are pipelined, with the event's lock between them on
-// a table partitioned by processed_at. For a duplicate or an error the
-// transaction is already rolled back and its connection back in the pool;
-// for a duplicate with a fingerprint, reading the original's costs one more
-// round trip.
-func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.StoreTx, []byte, error) {
+// Claim implements [inboxdriver.Store] on a pooled connection, in one round
+// trip: BEGIN and the INSERT are pipelined, with the event's lock between
+// them on a table partitioned by processed_at. For a duplicate or an error
+// the transaction is already rolled back and its connection back in the
+// pool; for a duplicate with a fingerprint, reading the original's costs one
+// more round trip. While the claims hold all of the pool's connections but
+// one, a claim waits for one of them to end before it takes a connection,
+// as [sqlinbox.Store.Claim] does.
+func (s *Store) Claim(ctx context.Context, claim inboxdriver.Claim) (inboxdriver.Tx, []byte, error) {
+	consumer, eventID, fingerprint := claim.Consumer, claim.EventID, claim.Fingerprint
 	if fingerprint != nil {
 		if err := s.CheckFingerprints(); err != nil {
 			return nil, nil, err
 		}
 	}
-	txOpts, err := txOptions(opts)
+	txOpts, err := txOptions(claim.TxOptions)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -167,8 +174,12 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 	if c.OnlyIDs {
 		cb.args = [2]any{s.consumerArg.Arg(consumer), eventID}
 		args = cb.args[:]
-	} else if args, err = c.Args(consumer, eventID, fingerprint); err != nil {
+	} else if args, err = c.Args(claim); err != nil {
 		return nil, nil, err
+	}
+	ticket, err := s.gate.Enter(ctx, s.poolSize)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pgxinbox: waiting for a connection the other claims leave free: %w", err)
 	}
 	// BEGIN is part of the batch, never sent apart from it: a claim sent
 	// without BEGIN would commit on its own, and a failing handler would
@@ -197,8 +208,9 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 		s.verified.Store(true)
 	}
 	if err == nil && claimed {
-		return tx, nil, nil
+		return &claimTx{tx: tx, ticket: ticket}, nil, nil
 	}
+	defer ticket.Leave()
 	var stored []byte
 	if err == nil && fingerprint != nil {
 		// Under READ COMMITTED this statement sees the committed row the
@@ -315,10 +327,10 @@ func txOptions(opts *sql.TxOptions) (pgx.TxOptions, error) {
 	return o, nil
 }
 
-// CountTxWrites implements [inbox.TxWriteCounter] with the statement of
-// [sqlinbox.Store.CountTxWrites], on the claim's pgx transaction.
-func (s *Store) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, bool, error) {
-	t, ok := tx.(pgx.Tx)
+// CountTxWrites implements [inboxdriver.TxWriteCounter] with the statement
+// of [sqlinbox.Store.CountTxWrites], on the claim's pgx transaction.
+func (s *Store) CountTxWrites(ctx context.Context, tx inboxdriver.Tx) (int64, bool, error) {
+	t, ok := tx.Handle().(pgx.Tx)
 	if !ok || s.claim.TxWrites == "" {
 		return 0, false, nil
 	}
@@ -331,3 +343,23 @@ func (s *Store) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, boo
 	}
 	return *n, true, nil
 }
+
+// claimTx is a new claim's transaction, holding its place in the store's
+// gate until it ends.
+type claimTx struct {
+	tx     pgx.Tx
+	ticket poolgate.Ticket
+}
+
+func (t *claimTx) Commit(ctx context.Context) error {
+	defer t.ticket.Leave()
+	return t.tx.Commit(ctx)
+}
+
+func (t *claimTx) Rollback(ctx context.Context) error {
+	defer t.ticket.Leave()
+	return t.tx.Rollback(ctx)
+}
+
+// Handle returns the [pgx.Tx] the handler writes through.
+func (t *claimTx) Handle() any { return t.tx }

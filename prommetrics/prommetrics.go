@@ -1,5 +1,5 @@
 // Package prommetrics exports the inbox's metrics to Prometheus: an
-// [inbox.Observer] that counts messages by consumer and outcome and times
+// [observe.Observer] that counts messages by consumer and outcome and times
 // their claims and transactions, and counters for purge rounds.
 //
 // It lives in its own package so that only programs importing it link
@@ -34,14 +34,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // DefaultNamespace prefixes every metric name when [New] gets no namespace.
 const DefaultNamespace = "watermill_inbox"
 
-// Metrics is an [inbox.Observer] recording Prometheus metrics. Its methods are
+// Metrics is an [observe.Observer] recording Prometheus metrics. Its methods are
 // safe for concurrent use.
 type Metrics struct {
 	messages     *prometheus.CounterVec
@@ -58,7 +57,7 @@ type Metrics struct {
 	namespace string
 }
 
-var _ inbox.Observer = (*Metrics)(nil)
+var _ observe.Observer = (*Metrics)(nil)
 
 // Buckets in seconds. A claim is one INSERT, normally a millisecond or two,
 // longer when it waits for another copy's transaction; a message's time
@@ -140,12 +139,12 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 	return m, nil
 }
 
-// Start implements [inbox.Observer].
-func (m *Metrics) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+// Start implements [observe.Observer].
+func (m *Metrics) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
 	return ctx, m.observe
 }
 
-func (m *Metrics) observe(ob inbox.Observation) {
+func (m *Metrics) observe(ob observe.Observation) {
 	outcome := string(ob.Outcome)
 	m.messages.WithLabelValues(ob.Consumer, outcome).Inc()
 	if ob.Stale {

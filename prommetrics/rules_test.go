@@ -25,6 +25,7 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/prommetrics"
 	"github.com/watermill-inbox/inbox/purge"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -200,21 +201,21 @@ func TestRulesMatchScrape(t *testing.T) {
 	}
 }
 
-// outcomes is an inbox.Observer that reports each message's outcome.
-type outcomes chan inbox.Observation
+// outcomes is an observe.Observer that reports each message's outcome.
+type outcomes chan observe.Observation
 
-func (o outcomes) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(ob inbox.Observation) { o <- ob }
+func (o outcomes) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(ob observe.Observation) { o <- ob }
 }
 
-func (o outcomes) next(t *testing.T) inbox.Observation {
+func (o outcomes) next(t *testing.T) observe.Observation {
 	t.Helper()
 	select {
 	case ob := <-o:
 		return ob
 	case <-time.After(30 * time.Second):
 		t.Fatal("no message left the inbox middleware within 30s")
-		return inbox.Observation{}
+		return observe.Observation{}
 	}
 }
 
@@ -269,7 +270,7 @@ func scrapeEveryOutcome(t *testing.T, namespace string) scrape {
 		{"orphan", missing, inbox.StaleSkip},
 	} {
 		mw, err := inbox.NewMiddleware(inbox.Config{
-			Store: c.store, Consumer: c.consumer, Observer: inbox.Observers(metrics, seen),
+			Store: c.store, Consumer: c.consumer, Observer: observe.Join(metrics, seen),
 			EventID:     inbox.EventIDFromMetadata("event_id"),
 			Fingerprint: inbox.PayloadFingerprint,
 			MaxEventAge: time.Hour, EventTime: inbox.EventTimeFromMetadata("event_time"), StaleEvents: c.stale,
@@ -295,18 +296,18 @@ func scrapeEveryOutcome(t *testing.T, namespace string) scrape {
 	for _, c := range []struct {
 		topic, id, payload string
 		metadata           []string
-		want               inbox.Outcome
+		want               observe.Outcome
 	}{
-		{"billing", "e1", "a", nil, inbox.OutcomeProcessed},
-		{"billing", "e1", "a", nil, inbox.OutcomeDuplicate},
-		{"billing", "e1", "b", nil, inbox.OutcomeIDReused},
-		{"billing", "", "a", nil, inbox.OutcomeMissingID},
-		{"billing", "bad\x00id", "a", nil, inbox.OutcomeInvalidID},
-		{"billing", "e2", "a", []string{"event_time", old}, inbox.OutcomeStale},
-		{"reports", "e2", "a", []string{"event_time", old}, inbox.OutcomeProcessed}, // stale, processed
-		{"billing", "e3", "a", []string{"do", "fail"}, inbox.OutcomeRolledBack},
-		{"billing", "e4", "a", []string{"do", "commit"}, inbox.OutcomeCommitFailed},
-		{"orphan", "e5", "a", nil, inbox.OutcomeClaimFailed},
+		{"billing", "e1", "a", nil, observe.Processed},
+		{"billing", "e1", "a", nil, observe.Duplicate},
+		{"billing", "e1", "b", nil, observe.IDReused},
+		{"billing", "", "a", nil, observe.MissingID},
+		{"billing", "bad\x00id", "a", nil, observe.InvalidID},
+		{"billing", "e2", "a", []string{"event_time", old}, observe.Stale},
+		{"reports", "e2", "a", []string{"event_time", old}, observe.Processed}, // stale, processed
+		{"billing", "e3", "a", []string{"do", "fail"}, observe.RolledBack},
+		{"billing", "e4", "a", []string{"do", "commit"}, observe.CommitFailed},
+		{"orphan", "e5", "a", nil, observe.ClaimFailed},
 	} {
 		publish(c.topic, c.id, c.payload, c.metadata...)
 		require.Equal(t, c.want, seen.next(t).Outcome, "%s %q", c.topic, c.id)
@@ -315,19 +316,19 @@ func scrapeEveryOutcome(t *testing.T, namespace string) scrape {
 	publish("reports", "e6", "a", "do", "hold")
 	<-held
 	publish("billing", "e6", "a")
-	require.Equal(t, inbox.OutcomeInFlight, seen.next(t).Outcome)
+	require.Equal(t, observe.InFlight, seen.next(t).Outcome)
 	close(release)
-	require.Equal(t, inbox.OutcomeProcessed, seen.next(t).Outcome)
+	require.Equal(t, observe.Processed, seen.next(t).Outcome)
 
 	// The inbox applied twice to one message: the inner one refuses it.
-	twice, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "twice", Observer: inbox.Observers(metrics, seen)})
+	twice, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "twice", Observer: observe.Join(metrics, seen)})
 	require.NoError(t, err)
 	msg := message.NewMessage(watermill.NewUUID(), nil)
 	msg.Metadata.Set(inbox.DefaultEventIDMetadataKey, "e7")
 	_, err = twice(twice(func(*message.Message) ([]*message.Message, error) { return nil, nil }))(msg)
 	require.ErrorIs(t, err, inbox.ErrMiswired)
-	require.Equal(t, inbox.OutcomeMiswired, seen.next(t).Outcome)
-	require.Equal(t, inbox.OutcomeRolledBack, seen.next(t).Outcome)
+	require.Equal(t, observe.Miswired, seen.next(t).Outcome)
+	require.Equal(t, observe.RolledBack, seen.next(t).Outcome)
 
 	// A round that is done, one that skips because it runs while the first
 	// still logs, and one that fails on a table that does not exist.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
@@ -551,7 +552,7 @@ func or(d, otherwise time.Duration) time.Duration {
 
 // claim claims (consumer, eventID) through store as the middleware does
 // and returns the claim's transaction, nil for a duplicate.
-func claim(ctx context.Context, store inbox.Store, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
+func claim(ctx context.Context, store inboxdriver.Store, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
 	tx, _, err := store.Claim(ctx, opts, consumer, eventID, nil)
 	if tx == nil {
 		return nil, false, err

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -47,7 +48,7 @@ func TestCheckEventIDQuotesLikeTheMiddleware(t *testing.T) {
 	for _, id := range []string{strings.Repeat("x", inbox.MaxEventIDLength+1), "nul\x00" + strings.Repeat("é", 40)} {
 		_, err := store.CheckEventID(id)
 		require.ErrorIs(t, err, inbox.ErrInvalidEventID)
-		middleware := inbox.ValidateEventID(id).Error()
+		middleware := inboxdriver.ValidateEventID(id).Error()
 		quoted := middleware[strings.LastIndex(middleware, ": ")+2:]
 		require.Contains(t, err.Error(), ": "+quoted+" is not a UUID")
 	}

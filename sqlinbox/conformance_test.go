@@ -7,6 +7,7 @@ import (
 	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -79,7 +80,7 @@ func eventIDTime(target conformancetest.Target) conformancetest.Target {
 
 // claim claims (consumer, eventID) through store as the middleware does
 // and returns the claim's transaction, nil for a duplicate.
-func claim(ctx context.Context, store inbox.Store, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
+func claim(ctx context.Context, store inboxdriver.Store, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
 	tx, _, err := store.Claim(ctx, opts, consumer, eventID, nil)
 	if tx == nil {
 		return nil, false, err

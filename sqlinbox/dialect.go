@@ -22,8 +22,8 @@ type Dialect interface {
 	// setting takes, and that setting; 0 where ClaimTimeout is refused
 	// anyway.
 	claimTimeoutLimit() (time.Duration, string)
-	// registry builds the statements of the table's consumer registry.
-	registry(t tableName) registryQueries
+	// leases builds the statements of the table's leases.
+	leases(t tableName) leaseQueries
 }
 
 // queries holds a store's SQL text, built once. Differences between dialects
@@ -74,6 +74,6 @@ type queries struct {
 	// configErr, when set, is why the dialect cannot honour the [Config];
 	// [New] returns it.
 	configErr error
-	// registry is the consumer registry's SQL; its table ends schema.
-	registry registryQueries
+	// leases is the lease table's SQL; its table ends schema.
+	leases leaseQueries
 }

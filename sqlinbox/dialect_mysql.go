@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 // MySQL is the dialect for MySQL 8 and MariaDB 10.11 and later, through
@@ -21,7 +21,7 @@ import (
 // connection. [Config.ClaimTimeout] needs MariaDB (see there); on MySQL 8,
 // bound every lock wait of the connection with the DSN parameter
 // innodb_lock_wait_timeout=N instead, whose expiry also surfaces as
-// [inbox.ErrInFlight].
+// [inboxdriver.ErrInFlight].
 var MySQL Dialect = mysqlDialect{}
 
 type mysqlDialect struct{}
@@ -178,7 +178,7 @@ func (mysqlDialect) classify(err error) error {
 		// A deadlock on the claim, the transaction's first statement, can
 		// only involve other claims of the same key range: retrying later
 		// is the whole remedy.
-		return fmt.Errorf("%w: %w", inbox.ErrInFlight, err)
+		return fmt.Errorf("%w: %w", inboxdriver.ErrInFlight, err)
 	case mysqlNoSuchTable:
 		return fmt.Errorf("inbox table does not exist, run Store.CreateSchema or apply Store.SchemaSQL: %w", err)
 	}

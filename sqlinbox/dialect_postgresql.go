@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 // PostgreSQL is the dialect for PostgreSQL 12 and later, through lib/pq or
@@ -65,7 +65,7 @@ func (postgresql) claimTimeoutLimit() (time.Duration, string) {
 func (postgresql) classify(err error) error {
 	switch pgCode(err) {
 	case "55P03": // lock_not_available: lock_timeout expired
-		return fmt.Errorf("%w: %w", inbox.ErrInFlight, err)
+		return fmt.Errorf("%w: %w", inboxdriver.ErrInFlight, err)
 	case "42P01": // undefined_table
 		return fmt.Errorf("inbox table does not exist, run Store.CreateSchema or apply Store.SchemaSQL: %w", err)
 	case "26000", "42P05": // a prepared statement missing, or there already

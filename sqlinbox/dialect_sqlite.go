@@ -6,7 +6,7 @@ import (
 	"net/url"
 	"time"
 
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 // SQLite is the dialect for SQLite 3.35 and later through modernc.org/sqlite
@@ -19,7 +19,7 @@ import (
 //
 //   - _pragma=busy_timeout(ms): wait this long for the write lock instead of
 //     failing at once. When it expires the claim fails with an error wrapping
-//     [inbox.ErrInFlight], the message is nacked and retried; nothing was
+//     [inboxdriver.ErrInFlight], the message is nacked and retried; nothing was
 //     written. It is SQLite's claim timeout ([Config.ClaimTimeout] is refused).
 //   - _pragma=journal_mode(WAL): readers do not block the writer, so COMMIT
 //     never waits for them.
@@ -116,7 +116,7 @@ func (sqlite) classify(err error) error {
 	if sqliteBusyErr(err) {
 		// The busy timeout expired before this transaction got the write
 		// lock, so it wrote nothing: retry later.
-		return fmt.Errorf("%w: %w", inbox.ErrInFlight, err)
+		return fmt.Errorf("%w: %w", inboxdriver.ErrInFlight, err)
 	}
 	return err
 }

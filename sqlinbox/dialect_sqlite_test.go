@@ -19,6 +19,7 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -239,10 +240,10 @@ func TestSQLiteProcessedAtIsSortableUTC(t *testing.T) {
 }
 
 // lastOutcome records the outcome of the last message observed.
-type lastOutcome struct{ outcome inbox.Outcome }
+type lastOutcome struct{ outcome observe.Outcome }
 
-func (o *lastOutcome) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(ob inbox.Observation) { o.outcome = ob.Outcome }
+func (o *lastOutcome) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(ob observe.Observation) { o.outcome = ob.Outcome }
 }
 
 // A statement that rolls back the whole SQLite transaction (RAISE(ROLLBACK)
@@ -289,7 +290,7 @@ INSERT INTO guarded VALUES ('x');`,
 			for delivery := 1; delivery <= 2; delivery++ {
 				_, err := handler(eventMsg("ev-1"))
 				require.ErrorContains(t, err, "cannot commit - no transaction is active", "delivery %d", delivery)
-				require.Equal(t, inbox.OutcomeCommitFailed, obs.outcome)
+				require.Equal(t, observe.CommitFailed, obs.outcome)
 				require.Equal(t, map[string]int{"after": delivery}, steps(), "delivery %d", delivery)
 				require.Zero(t, countWhere(t, db, sqlinbox.DefaultTable, "ev-1"), "the claim rolled back")
 			}

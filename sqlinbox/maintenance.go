@@ -76,7 +76,7 @@ func (m maintainer) DownSQL() (dropTable, dropFingerprint string) {
 	}
 	// The registry goes with the table: its owners are the table's
 	// consumers, and an Up after this Down creates both again.
-	return q.dropTable + ";\n" + m.s.q.registry.drop, q.dropFingerprint
+	return q.dropTable + ";\n" + m.s.q.leases.drop, q.dropFingerprint
 }
 
 // maintenanceDialect is what a dialect offers the maintenance seam besides

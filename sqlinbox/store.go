@@ -23,9 +23,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/errtext"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
+	"github.com/watermill-inbox/inbox/internal/poolgate"
 )
 
 // DefaultTable is the inbox table's name when [Config.Table] is empty.
@@ -44,7 +45,7 @@ type Config struct {
 	// UUIDEventIDs stores event ids in a native UUID column (PostgreSQL
 	// uuid, 16 bytes instead of 37 and a smaller index; MySQL BINARY(16);
 	// SQLite keeps text) and rejects ids that are not UUIDs with
-	// [inbox.ErrInvalidEventID] before any SQL runs. Ids are stored in
+	// [inboxdriver.ErrInvalidEventID] before any SQL runs. Ids are stored in
 	// canonical lowercase form. It must match the table
 	// [Store.CreateSchema] made. Defaults to false: any id up to
 	// [inbox.MaxEventIDLength] bytes.
@@ -86,7 +87,7 @@ type Config struct {
 
 	// Fingerprints adds a nullable fingerprint column to the table
 	// [Store.CreateSchema] makes (PostgreSQL bytea, MySQL VARBINARY(64),
-	// SQLite BLOB) and makes the [Store] an [inbox.FingerprintChecker], for
+	// SQLite BLOB) and makes the [Store] an [inboxdriver.FingerprintChecker], for
 	// the middleware's id-reuse detection ([inbox.Config.Fingerprint]). An
 	// existing table needs the column added once; see [Store.SchemaSQL].
 	// Rows claimed before have no fingerprint and never count as a reused
@@ -120,7 +121,7 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 }
 
-// Store records inbox claims in one table. It implements [inbox.Store]. It does
+// Store records inbox claims in one table. It implements [inboxdriver.Store]. It does
 // not own the [*sql.DB]: close the database yourself, after [Store.Close].
 type Store struct {
 	db      *sql.DB
@@ -137,13 +138,15 @@ type Store struct {
 	unprepared atomic.Bool
 	// consumerArg is the claim's first argument, converted once.
 	consumerArg maintenance.ConsumerArg
+	// gate leaves one connection of db free of claims (package poolgate).
+	gate poolgate.Gate
 }
 
 var (
-	_ inbox.Store              = (*Store)(nil)
-	_ inbox.EventIDChecker     = (*Store)(nil)
-	_ inbox.FingerprintChecker = (*Store)(nil)
-	_ inbox.ClaimPool          = (*Store)(nil)
+	_ inboxdriver.Store               = (*Store)(nil)
+	_ inboxdriver.EventIDChecker      = (*Store)(nil)
+	_ inboxdriver.FingerprintChecker  = (*Store)(nil)
+	_ inboxdriver.UnavailableDetector = (*Store)(nil)
 )
 
 // New returns a [Store] for db. It validates the configuration but does not
@@ -189,10 +192,10 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	if err := checkDriver(db, config.Dialect); err != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
-	q.registry = config.Dialect.registry(t)
-	q.schema = append(q.schema, q.registry.create)
+	q.leases = config.Dialect.leases(t)
+	q.schema = append(q.schema, q.leases.create)
 	if q.schemaObjects != nil {
-		q.schemaObjects = append(q.schemaObjects, t.derived(registrySuffix))
+		q.schemaObjects = append(q.schemaObjects, t.derived(leaseSuffix))
 	}
 	s := &Store{
 		db:      db,
@@ -205,13 +208,8 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	return s, nil
 }
 
-// ClaimPool implements [inbox.ClaimPool]: db, its [sql.DB.SetMaxOpenConns]
-// limit and its count of callers that waited for a connection, so that the
-// middleware leaves one connection free and watches a pool of one.
-func (s *Store) ClaimPool() (pool any, maxConns int, waits int64) {
-	st := s.db.Stats()
-	return s.db, st.MaxOpenConnections, st.WaitCount
-}
+// poolSize is db's [sql.DB.SetMaxOpenConns] limit, 0 for none.
+func (s *Store) poolSize() int { return s.db.Stats().MaxOpenConnections }
 
 // DB returns the database the store writes to.
 func (s *Store) DB() *sql.DB { return s.db }
@@ -225,19 +223,22 @@ func (s *Store) Table() string { return s.table.String() }
 // Partitioning returns the table layout the store was configured with.
 func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
 
-// Claim implements [inbox.Store]: BEGIN, then the claim as the
+// Claim implements [inboxdriver.Store]: BEGIN, then the claim as the
 // transaction's first statement. The claim is a prepared statement, so after
 // the first use on a connection it costs one round trip on every driver;
 // under [Config.TransactionPooling] it is sent unprepared (one round trip with
-// the DSN settings that setting needs).
+// the DSN settings that setting needs). While the claims hold all of db's
+// connections but one, a claim waits for one of them to end before it takes
+// a connection: a handler that takes a second connection from db then waits
+// for the one left free instead of wedging the consumer.
 //
 // For a duplicate with a fingerprint it reads the original's in the claim's
 // transaction, which by then sees the committed row the claim found (a
 // statement later, under READ COMMITTED; in the same snapshot under
 // REPEATABLE READ, where the claim sees only rows it can read), then rolls
 // back.
-func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.StoreTx, []byte, error) {
-	if fingerprint != nil {
+func (s *Store) Claim(ctx context.Context, c inboxdriver.Claim) (inboxdriver.Tx, []byte, error) {
+	if c.Fingerprint != nil {
 		if err := s.CheckFingerprints(); err != nil {
 			return nil, nil, err
 		}
@@ -260,45 +261,82 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 			s.verified.Store(true)
 		}
 	}
-	tx, err := s.db.BeginTx(ctx, opts)
+	ticket, err := s.gate.Enter(ctx, s.poolSize)
 	if err != nil {
-		return nil, nil, s.dialect.classify(err)
+		return nil, nil, fmt.Errorf("sqlinbox: waiting for a connection the other claims leave free: %w", err)
 	}
-	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID, fingerprint)
-	if stmt != nil && lostPrepared(err) {
-		// The statement failed before it ran: nothing was claimed, and
-		// the same claim, unprepared, in a new transaction, is the first.
-		_ = tx.Rollback()
-		s.claimUnprepared(err)
-		if tx, err = s.db.BeginTx(ctx, opts); err != nil {
-			return nil, nil, s.dialect.classify(err)
-		}
-		claimed, err = s.claim(ctx, tx, nil, consumer, eventID, fingerprint)
-	}
-	if err == nil && !s.verified.Load() {
-		s.verified.Store(true)
-	}
+	tx, claimed, err := s.begin(ctx, stmt, c)
 	if err == nil && claimed {
-		return inbox.SQLTx{Tx: tx}, nil, nil
+		return &claimTx{tx: tx, ticket: ticket}, nil, nil
 	}
 	var stored []byte
-	if err == nil && fingerprint != nil {
-		stored, err = s.storedFingerprint(ctx, tx, consumer, eventID)
+	if err == nil && c.Fingerprint != nil {
+		stored, err = s.storedFingerprint(ctx, tx, c)
 	}
-	_ = tx.Rollback()
+	if tx != nil {
+		_ = tx.Rollback()
+	}
+	ticket.Leave()
 	if err != nil {
 		return nil, nil, err
 	}
 	return nil, stored, nil
 }
 
+// begin opens the claim's transaction and claims in it; tx is nil when
+// BEGIN failed.
+func (s *Store) begin(ctx context.Context, stmt *sql.Stmt, c inboxdriver.Claim) (*sql.Tx, bool, error) {
+	tx, err := s.db.BeginTx(ctx, c.TxOptions)
+	if err != nil {
+		return nil, false, s.dialect.classify(err)
+	}
+	claimed, err := s.claim(ctx, tx, stmt, c)
+	if stmt != nil && lostPrepared(err) {
+		// The statement failed before it ran: nothing was claimed, and
+		// the same claim, unprepared, in a new transaction, is the first.
+		_ = tx.Rollback()
+		s.claimUnprepared(err)
+		if tx, err = s.db.BeginTx(ctx, c.TxOptions); err != nil {
+			return nil, false, s.dialect.classify(err)
+		}
+		claimed, err = s.claim(ctx, tx, nil, c)
+	}
+	if err == nil && !s.verified.Load() {
+		s.verified.Store(true)
+	}
+	return tx, claimed, err
+}
+
+// claimTx is a new claim's transaction, holding its place in the store's
+// gate until it ends.
+type claimTx struct {
+	tx     *sql.Tx
+	ticket poolgate.Ticket
+}
+
+// Commit commits the transaction; database/sql's Commit takes no context.
+func (t *claimTx) Commit(context.Context) error {
+	defer t.ticket.Leave()
+	return t.tx.Commit()
+}
+
+// Rollback rolls the transaction back.
+func (t *claimTx) Rollback(context.Context) error {
+	defer t.ticket.Leave()
+	return t.tx.Rollback()
+}
+
+// Handle returns the [*sql.Tx] the handler writes through.
+func (t *claimTx) Handle() any { return t.tx }
+
 // storedFingerprint reads the fingerprint of a duplicate's original; nil
 // when it has none or was purged meanwhile. A function of its own, so that
 // the variable Scan fills escapes to the heap only for duplicates that need
 // it.
-func (s *Store) storedFingerprint(ctx context.Context, tx *sql.Tx, consumer, eventID string) ([]byte, error) {
+func (s *Store) storedFingerprint(ctx context.Context, tx *sql.Tx, c inboxdriver.Claim) ([]byte, error) {
 	var stored []byte
-	args, err := s.claimArgs(consumer, eventID, nil)
+	c.Fingerprint = nil
+	args, err := s.claimArgs(c)
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +350,7 @@ func (s *Store) storedFingerprint(ctx context.Context, tx *sql.Tx, consumer, eve
 	return stored, nil
 }
 
-// CheckFingerprints implements [inbox.FingerprintChecker]: it fails unless
+// CheckFingerprints implements [inboxdriver.FingerprintChecker]: it fails unless
 // [Config.Fingerprints] is set.
 func (s *Store) CheckFingerprints() error {
 	if !s.config.Fingerprints {
@@ -322,12 +360,12 @@ func (s *Store) CheckFingerprints() error {
 }
 
 // claim runs the claim statement, prepared as stmt or, when stmt is nil,
-// unprepared; fingerprint is its third parameter when [Config.Fingerprints]
+// unprepared; the fingerprint is its third parameter when [Config.Fingerprints]
 // is set (nil stores NULL).
-func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string, fingerprint []byte) (bool, error) {
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, c inboxdriver.Claim) (bool, error) {
 	if s.q.beforeClaim != "" {
 		var result string
-		if err := tx.QueryRowContext(ctx, s.q.beforeClaim, consumer, eventID).Scan(&result); err != nil {
+		if err := tx.QueryRowContext(ctx, s.q.beforeClaim, c.Consumer, c.EventID).Scan(&result); err != nil {
 			return false, s.dialect.classify(err)
 		}
 		if err := s.q.checkBeforeClaim(result); err != nil {
@@ -342,10 +380,10 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 	case stmt != nil && !s.q.idTime && !s.config.Fingerprints:
 		// The common case without building a slice, and with the consumer
 		// converted once per store: two allocations less.
-		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, s.consumerArg.Arg(consumer), eventID)
+		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, s.consumerArg.Arg(c.Consumer), c.EventID)
 	default:
 		var args []any
-		if args, err = s.claimArgs(consumer, eventID, fingerprint); err != nil {
+		if args, err = s.claimArgs(c); err != nil {
 			return false, err
 		}
 		if stmt != nil {
@@ -375,18 +413,18 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 // claimArgs are the claim's parameters: the consumer, the event id, the
 // time inside the id on a table partitioned by it, and the fingerprint
 // under [Config.Fingerprints].
-func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, error) {
+func (s *Store) claimArgs(c inboxdriver.Claim) ([]any, error) {
 	args := make([]any, 2, 4)
-	args[0], args[1] = consumer, eventID
+	args[0], args[1] = c.Consumer, c.EventID
 	if s.q.idTime {
-		at, err := s.eventIDTime(eventID)
+		at, err := s.eventIDTime(c.EventID)
 		if err != nil {
 			return nil, err
 		}
 		args = append(args, at)
 	}
 	if s.config.Fingerprints {
-		args = append(args, nullBytes(fingerprint))
+		args = append(args, nullBytes(c.Fingerprint))
 	}
 	return args, nil
 }
@@ -394,9 +432,9 @@ func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, 
 // eventIDTime returns the time inside id, for a table partitioned by it;
 // an id without one is refused as [Store.CheckEventID] would refuse it.
 func (s *Store) eventIDTime(id string) (time.Time, error) {
-	at, err := inbox.ParseTimeInEventID(id)
+	at, err := inboxdriver.EventIDTime(id)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("%w: %s %v, and %s is partitioned by the time inside event ids (sqlinbox.EventIDTime)", inbox.ErrInvalidEventID, errtext.Quote(id), err, s.table)
+		return time.Time{}, fmt.Errorf("%w: %s %v, and %s is partitioned by the time inside event ids (sqlinbox.EventIDTime)", inboxdriver.ErrInvalidEventID, errtext.Quote(id), err, s.table)
 	}
 	return at, nil
 }
@@ -485,7 +523,7 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// CheckEventID implements [inbox.EventIDChecker]. In [Config.UUIDEventIDs] mode
+// CheckEventID implements [inboxdriver.EventIDChecker]. In [Config.UUIDEventIDs] mode
 // it rejects ids that are not UUIDs and returns the canonical lowercase form;
 // on a table partitioned by [EventIDTime] it rejects ids that carry no time;
 // otherwise every id passes unchanged.
@@ -500,7 +538,7 @@ func (s *Store) CheckEventID(id string) (string, error) {
 	}
 	canonical, ok := canonicalUUID(id)
 	if !ok {
-		return "", fmt.Errorf("%w: %s is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), and %s stores UUID event ids", inbox.ErrInvalidEventID, errtext.Quote(id), s.table)
+		return "", fmt.Errorf("%w: %s is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), and %s stores UUID event ids", inboxdriver.ErrInvalidEventID, errtext.Quote(id), s.table)
 	}
 	return canonical, nil
 }

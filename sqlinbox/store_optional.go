@@ -6,65 +6,73 @@ import (
 	"fmt"
 	"time"
 
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
-// A [Store] implements, beside [inbox.Store], the optional interfaces the
-// middleware and the metrics look for: [inbox.ConsumerRegistry] (the
-// registry's SQL is in registry.go), [inbox.TxWriteCounter] (txwrites.go),
-// and [Store.OldestClaim], which package [prommetrics] reads.
+// A [Store] implements, beside [inboxdriver.Store], the optional interfaces
+// the middleware and the metrics look for: [inboxdriver.ConsumerRegistry]
+// (the lease table's SQL is in lease.go), [inboxdriver.TxWriteCounter]
+// (txwrites.go), and [Store.OldestClaim], which package [prommetrics] reads.
 //
 // [prommetrics]: https://pkg.go.dev/github.com/watermill-inbox/inbox/prommetrics
 var (
-	_ inbox.ConsumerRegistry = (*Store)(nil)
-	_ inbox.TxWriteCounter   = (*Store)(nil)
+	_ inboxdriver.ConsumerRegistry = (*Store)(nil)
+	_ inboxdriver.TxWriteCounter   = (*Store)(nil)
 )
 
-// RegistryTable returns the consumer registry's name: the inbox table's
-// with the suffix "_consumers", in the same schema.
-func (s *Store) RegistryTable() string { return s.table.derived(registrySuffix).String() }
+// LeaseTable returns the lease table's name: the inbox table's with the
+// suffix "_leases", in the same schema. Each process claiming for a
+// consumer renews a row there, so that the inbox check command can tell
+// two services claiming with one consumer.
+func (s *Store) LeaseTable() string { return s.table.derived(leaseSuffix).String() }
 
-// RegisterConsumer implements [inbox.ConsumerRegistry]: it records service
-// as consumer's owner unless another service already is, and returns the
-// owner. Two statements outside any transaction, so that the second sees
-// the row of a service that registered concurrently.
-func (s *Store) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
-	var owner string
-	_, err := s.db.ExecContext(ctx, s.q.registry.register, consumer, service)
-	if err == nil {
-		err = s.db.QueryRowContext(ctx, s.q.registry.owner, consumer).Scan(&owner)
+// Heartbeat implements [inboxdriver.ConsumerRegistry]: it renews h's lease
+// and lists the other services with a live lease on h.Consumer. Statements
+// outside any transaction, so that the list sees the leases of services
+// that renewed concurrently.
+func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
+	q := s.q.leases
+	if h.First {
+		if _, err := s.db.ExecContext(ctx, q.expire, h.Consumer); err != nil {
+			return nil, s.leaseErr(err)
+		}
 	}
+	if _, err := s.db.ExecContext(ctx, q.renew, h.Consumer, h.Service, h.Instance, h.Warnings); err != nil {
+		return nil, s.leaseErr(err)
+	}
+	rows, err := s.db.QueryContext(ctx, q.others, h.Consumer, h.Service, int64(h.Lease/time.Second))
 	if err != nil {
-		return "", s.registryErr(ctx, err)
+		return nil, s.leaseErr(err)
 	}
-	return owner, nil
+	defer rows.Close()
+	var others []string
+	for rows.Next() {
+		var service string
+		if err := rows.Scan(&service); err != nil {
+			return nil, s.leaseErr(err)
+		}
+		others = append(others, service)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.leaseErr(err)
+	}
+	return others, nil
 }
 
-// registryErr explains a failed registration: a missing table (created
-// before the registry) by what to run, anything else as it is.
-func (s *Store) registryErr(ctx context.Context, err error) error {
-	md, ok := s.dialect.(maintenanceDialect)
-	if !ok {
-		return err
-	}
-	cols, cerr := columns(ctx, s.db, md.maintenanceQueries(s.table.derived(registrySuffix), s.config))
-	if cerr == nil && len(cols) == 0 {
-		return fmt.Errorf("%w: %s; run Store.CreateSchema, or apply the CREATE TABLE %s statement of Store.SchemaSQL (%w)", inbox.ErrNoConsumerRegistry, s.RegistryTable(), s.RegistryTable(), err)
-	}
-	return s.dialectErr(s.dialect.classify(err))
+// leaseErr names the lease table and what to run when it is missing.
+func (s *Store) leaseErr(err error) error {
+	return fmt.Errorf("sqlinbox: renewing a lease in %s (Store.CreateSchema creates it): %w", s.LeaseTable(), s.dialectErr(s.dialect.classify(err)))
 }
 
-// CountTxWrites implements [inbox.TxWriteCounter] on a transaction of this
-// store: the middleware calls it around the first in-transaction publish of
-// each consumer, to check that [inbox.Config.ProducedPublisher] writes
-// through the transaction.
-func (s *Store) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, bool, error) {
-	t, ok := tx.(inbox.SQLTx)
+// CountTxWrites implements [inboxdriver.TxWriteCounter] on a transaction of
+// this store.
+func (s *Store) CountTxWrites(ctx context.Context, tx inboxdriver.Tx) (int64, bool, error) {
+	t, ok := tx.Handle().(*sql.Tx)
 	d, counts := s.dialect.(txWritesDialect)
 	if !ok || !counts {
 		return 0, false, nil
 	}
-	n, ok, err := sumLastColumn(ctx, t.Tx, d.txWrites())
+	n, ok, err := sumLastColumn(ctx, t, d.txWrites())
 	if err != nil {
 		return 0, false, fmt.Errorf("sqlinbox: counting the transaction's writes: %w", err)
 	}

@@ -7,7 +7,7 @@ import (
 )
 
 // txWritesDialect is what a dialect offers to count the rows a
-// transaction wrote, for [inbox.TxWriteCounter].
+// transaction wrote, for [inboxdriver.TxWriteCounter].
 type txWritesDialect interface {
 	// txWrites returns rows whose last columns, added up, count the rows
 	// the current transaction (MySQL, SQLite: connection) has written, the

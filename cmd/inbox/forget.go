@@ -16,6 +16,7 @@ import (
 	"unicode"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -157,7 +158,7 @@ func runForget(ctx context.Context, fs *flag.FlagSet, args []string, stdout, std
 func readIDs(store *sqlinbox.Store, flagIDs []string, file string) ([]string, error) {
 	var ids, bad []string
 	check := func(where, id string) {
-		err := inbox.ValidateEventID(id)
+		err := inboxdriver.ValidateEventID(id)
 		if err == nil {
 			id, err = store.CheckEventID(id)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -71,7 +72,7 @@ type Native struct {
 	// Store opens a store of the inbox table described by sc on a
 	// connection pool of its own, which the test's end, or closePool,
 	// closes. err is the store constructor's.
-	Store func(t testing.TB, sc sqlinbox.Config) (store inbox.Store, closePool func(), err error)
+	Store func(t testing.TB, sc sqlinbox.Config) (store inboxdriver.Store, closePool func(), err error)
 	// Exec runs a statement in the inbox transaction of the message whose
 	// context is ctx.
 	Exec func(ctx context.Context, query string, args ...any) error

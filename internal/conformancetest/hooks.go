@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // AfterCommit hooks run after the commit, in order, and never for a failed
@@ -55,10 +56,10 @@ func testAfterCommitHooks(t *testing.T, target Target) {
 }
 
 // observed records the last observation.
-type observed struct{ ob inbox.Observation }
+type observed struct{ ob observe.Observation }
 
-func (o *observed) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(ob inbox.Observation) { o.ob = ob }
+func (o *observed) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(ob observe.Observation) { o.ob = ob }
 }
 
 // A hook that panics or fails after the commit loses only its own effect:
@@ -84,7 +85,7 @@ func testAfterCommitHookPanics(t *testing.T, target Target) {
 	require.NotPanics(t, func() { _, err = call(mw, h, newMsg("a")) })
 	require.NoError(t, err, "the transaction committed: the message is acked")
 	require.Equal(t, []string{"first", "third", "fourth"}, ran)
-	require.Equal(t, inbox.OutcomeProcessed, obs.ob.Outcome)
+	require.Equal(t, observe.Processed, obs.ob.Outcome)
 	require.NoError(t, obs.ob.Err)
 	require.ErrorContains(t, obs.ob.AfterCommitErr, "after-commit hook panicked: hook exploded")
 	require.ErrorContains(t, obs.ob.AfterCommitErr, "hook failed")
@@ -92,7 +93,7 @@ func testAfterCommitHookPanics(t *testing.T, target Target) {
 
 	_, err = call(mw, h, newMsg("a"))
 	require.NoError(t, err)
-	require.Equal(t, inbox.OutcomeDuplicate, obs.ob.Outcome)
+	require.Equal(t, observe.Duplicate, obs.ob.Outcome)
 	require.NoError(t, obs.ob.AfterCommitErr)
 	require.Equal(t, once("c", "a"), b.effectCounts(t))
 }

@@ -12,28 +12,29 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // panickingObserver panics in Start, or in its done callback, on every
 // message.
 type panickingObserver struct{ inStart bool }
 
-func (p panickingObserver) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+func (p panickingObserver) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
 	if p.inStart {
 		panic("observer Start exploded")
 	}
-	return ctx, func(inbox.Observation) { panic("observer done exploded") }
+	return ctx, func(observe.Observation) { panic("observer done exploded") }
 }
 
 // lastObservation keeps the observation of the last message.
 type lastObservation struct {
 	mu sync.Mutex
-	ob inbox.Observation
+	ob observe.Observation
 	n  int
 }
 
-func (l *lastObservation) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(ob inbox.Observation) {
+func (l *lastObservation) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(ob observe.Observation) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.ob, l.n = ob, l.n+1
@@ -56,7 +57,7 @@ func testObserverPanics(t *testing.T, target Target) {
 			last := &lastObservation{}
 			RunRouter(t, func(r *message.Router) {
 				r.AddMiddleware(middleware.Recoverer, b.middleware(t, inbox.Config{
-					Observer: inbox.Observers(last, panickingObserver{inStart: inStart}),
+					Observer: observe.Join(last, panickingObserver{inStart: inStart}),
 				}))
 				r.AddHandler("billing", "events", ps, "out", ps, func(msg *message.Message) ([]*message.Message, error) {
 					if err := b.writeEffect(msg); err != nil {
@@ -81,7 +82,7 @@ func testObserverPanics(t *testing.T, target Target) {
 			last.mu.Lock()
 			defer last.mu.Unlock()
 			require.Equal(t, 9, last.n, "the other observer sees every delivery")
-			require.Equal(t, inbox.OutcomeDuplicate, last.ob.Outcome)
+			require.Equal(t, observe.Duplicate, last.ob.Outcome)
 			require.EqualValues(t, 9, last.ob.ObserverPanics, "every panic counted, this message's included")
 		})
 	}

@@ -13,12 +13,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // txPublisher holds the inbox transaction, as a watermill-sql publisher
 // built on it does, and writes each message with write.
 type txPublisher struct {
-	tx    inbox.StoreTx
+	tx    inboxdriver.Tx
 	write func(payload string) error
 }
 
@@ -125,7 +127,7 @@ func testProducedPublisherTx(t *testing.T, target Target) {
 			if tc.refused {
 				require.Empty(t, b.effectCounts(t))
 				require.Zero(t, b.claims(t))
-				require.Equal(t, inbox.OutcomeMiswired, last.ob.Outcome)
+				require.Equal(t, observe.Miswired, last.ob.Outcome)
 				return
 			}
 			require.Equal(t, once("billing", "a", "b"), b.effectCounts(t))

@@ -13,17 +13,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 // outcomes records every observed outcome, in order, from any goroutine.
 type outcomes struct {
 	mu  sync.Mutex
-	got []inbox.Outcome
+	got []observe.Outcome
 }
 
-func (o *outcomes) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(ob inbox.Observation) {
+func (o *outcomes) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(ob observe.Observation) {
 		o.mu.Lock()
 		defer o.mu.Unlock()
 		o.got = append(o.got, ob.Outcome)
@@ -31,7 +32,7 @@ func (o *outcomes) Start(ctx context.Context) (context.Context, func(inbox.Obser
 }
 
 // count returns how many times outcome was observed.
-func (o *outcomes) count(outcome inbox.Outcome) int {
+func (o *outcomes) count(outcome observe.Outcome) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	n := 0
@@ -70,7 +71,7 @@ func testIDReuse(t *testing.T, target Target) {
 	require.NoError(t, err, "IDReuseLog acks")
 	require.Len(t, logger.Captured()[watermill.ErrorLogLevel], 1)
 	require.ErrorIs(t, logger.Captured()[watermill.ErrorLogLevel][0].Err, inbox.ErrEventIDReused)
-	require.Equal(t, []inbox.Outcome{inbox.OutcomeProcessed, inbox.OutcomeDuplicate, inbox.OutcomeIDReused, inbox.OutcomeIDReused}, obs.got)
+	require.Equal(t, []observe.Outcome{observe.Processed, observe.Duplicate, observe.IDReused, observe.IDReused}, obs.got)
 
 	// Without Fingerprint in the middleware nothing is written to the
 	// column, and a fingerprinted copy later is a duplicate, not a reuse.

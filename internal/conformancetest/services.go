@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // Two services with one consumer name on one table: the first to claim
@@ -37,7 +38,7 @@ func testConsumerOwnedByAnotherService(t *testing.T, target Target) {
 			require.ErrorContains(t, err, `consumer "handle_orders" of this inbox table belongs to service "example.com/billing", and this is service "example.com/mailer"`)
 		}
 	}
-	require.Equal(t, 6, mailerObs.count(inbox.OutcomeMiswired))
+	require.Equal(t, 6, mailerObs.count(observe.Miswired))
 	logs := mailerLog.Captured()[watermill.ErrorLogLevel]
 	require.Len(t, logs, 1, "one error line per consumer")
 	require.ErrorIs(t, logs[0].Err, inbox.ErrMiswired)

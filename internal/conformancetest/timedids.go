@@ -7,6 +7,7 @@ import (
 	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
@@ -16,7 +17,7 @@ import (
 // ids. The middleware and the handler still see the readable id; every
 // copy of an event maps to the same UUIDv7, as every copy of a real one
 // carries the same id.
-type timedIDs struct{ store inbox.Store }
+type timedIDs struct{ store inboxdriver.Store }
 
 // idTimeEpoch is the time of the mapped ids: now, when the suite starts,
 // so that they fall in the partition CreateSchema made for today.
@@ -29,14 +30,14 @@ func timed(id string) string {
 	return testdb.UUIDv7(idTimeEpoch, id)
 }
 
-func (s timedIDs) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.StoreTx, []byte, error) {
+func (s timedIDs) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inboxdriver.Tx, []byte, error) {
 	return s.store.Claim(ctx, opts, consumer, timed(eventID), fingerprint)
 }
 
 // CheckEventID checks the id the store will see, and hands the middleware
 // back the readable one.
 func (s timedIDs) CheckEventID(id string) (string, error) {
-	if c, ok := s.store.(inbox.EventIDChecker); ok {
+	if c, ok := s.store.(inboxdriver.EventIDChecker); ok {
 		if _, err := c.CheckEventID(timed(id)); err != nil {
 			return "", err
 		}
@@ -45,27 +46,27 @@ func (s timedIDs) CheckEventID(id string) (string, error) {
 }
 
 func (s timedIDs) CheckFingerprints() error {
-	if c, ok := s.store.(inbox.FingerprintChecker); ok {
+	if c, ok := s.store.(inboxdriver.FingerprintChecker); ok {
 		return c.CheckFingerprints()
 	}
 	return nil
 }
 
-func (s timedIDs) CountTxWrites(ctx context.Context, tx inbox.StoreTx) (int64, bool, error) {
-	if c, ok := s.store.(inbox.TxWriteCounter); ok {
+func (s timedIDs) CountTxWrites(ctx context.Context, tx inboxdriver.Tx) (int64, bool, error) {
+	if c, ok := s.store.(inboxdriver.TxWriteCounter); ok {
 		return c.CountTxWrites(ctx, tx)
 	}
 	return 0, false, nil
 }
 
 func (s timedIDs) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
-	return s.store.(inbox.ConsumerRegistry).RegisterConsumer(ctx, consumer, service)
+	return s.store.(inboxdriver.ConsumerRegistry).RegisterConsumer(ctx, consumer, service)
 }
 
 func (s timedIDs) ClaimPool() (any, int, int64) { return s.store.(inbox.ClaimPool).ClaimPool() }
 
 // timed wraps store in timedIDs on an EventIDTime target.
-func (b *bundle) timed(store inbox.Store) inbox.Store {
+func (b *bundle) timed(store inboxdriver.Store) inboxdriver.Store {
 	if !b.target.EventIDTime {
 		return store
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // The wiring cases whose outcome depends on the database: a handler whose
@@ -154,7 +155,7 @@ func testFixedConsumerFromTwoHandlers(t *testing.T, target Target) {
 				return
 			}
 			require.Len(t, got, 2)
-			require.Equal(t, 2, obs.count(inbox.OutcomeMiswired), "metrics tell a wiring mistake from a failing database")
+			require.Equal(t, 2, obs.count(observe.Miswired), "metrics tell a wiring mistake from a failing database")
 			for _, err := range got {
 				require.ErrorIs(t, err, inbox.ErrMiswired)
 				require.ErrorContains(t, err, `handlers "invoicing" and "analytics" both reach the fixed consumer "billing"`)

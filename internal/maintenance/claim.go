@@ -3,6 +3,8 @@ package maintenance
 import (
 	"context"
 	"sync/atomic"
+
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 // ClaimSQL is the claim of one inbox table, for a store that sends it through
@@ -22,7 +24,7 @@ type ClaimSQL struct {
 	// It affects one row for a new claim and none for a duplicate;
 	// [ClaimSQL.Claimed] reads the count.
 	Insert string
-	Args   func(consumer, eventID string, fingerprint []byte) ([]any, error)
+	Args   func(c inboxdriver.Claim) ([]any, error)
 	// OnlyIDs reports that [ClaimSQL.Insert]'s parameters are the consumer
 	// and the event id alone, as [ClaimSQL.Args] would return them: a store
 	// may then pass them without calling Args, saving its slice.
@@ -34,13 +36,13 @@ type ClaimSQL struct {
 	// with [ClaimSQL.Insert]'s parameters but the last (the fingerprint).
 	Fingerprint string
 	// Classify turns a driver error into one the middleware understands
-	// (lock timeouts wrap inbox.ErrInFlight).
+	// (lock timeouts wrap inboxdriver.ErrInFlight).
 	Classify func(error) error
 	// Verify checks, before the first claim, that the table is the one the
 	// configuration describes.
 	Verify func(ctx context.Context) error
 	// TxWrites returns rows whose last columns, added up, count the rows
-	// the current transaction has written, for inbox.TxWriteCounter; ""
+	// the current transaction has written, for inboxdriver.TxWriteCounter; ""
 	// when the database cannot count them.
 	TxWrites string
 }

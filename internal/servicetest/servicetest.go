@@ -21,6 +21,8 @@ import (
 	_ "modernc.org/sqlite"             // registers "sqlite"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -31,7 +33,7 @@ const HandlerName = "handle_orders"
 // Report is what a service prints.
 type Report struct {
 	Service   string         // the service's name, as the registry records it
-	Outcomes  map[string]int // messages per inbox.Outcome
+	Outcomes  map[string]int // messages per observe.Outcome
 	FirstErr  string         // the error of the first message that failed
 	Processed []string       // event ids processed
 }
@@ -120,7 +122,7 @@ func run() error {
 
 // open returns the store on driver, and how the handler writes in its
 // transaction.
-func open(ctx context.Context, driver, dsn string, sc sqlinbox.Config) (inbox.Store, func(ctx context.Context, query string, args ...any) error, func(), error) {
+func open(ctx context.Context, driver, dsn string, sc sqlinbox.Config) (inboxdriver.Store, func(ctx context.Context, query string, args ...any) error, func(), error) {
 	if driver == "pgxpool" {
 		pool, err := pgxpool.New(ctx, dsn)
 		if err != nil {
@@ -158,14 +160,14 @@ func param(ph string, n int) string {
 	return "?"
 }
 
-// report is an inbox.Observer that fills a Report.
+// report is an observe.Observer that fills a Report.
 type report struct {
 	mu sync.Mutex
 	Report
 }
 
-func (r *report) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(ob inbox.Observation) {
+func (r *report) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(ob observe.Observation) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.Outcomes[string(ob.Outcome)]++

@@ -14,10 +14,10 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
 	"github.com/watermill-inbox/inbox/internal/testing/killtest"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // amqpConfig is watermill-amqp's durable queue (the queue is named after the
@@ -111,7 +111,7 @@ func TestAMQPNackRequeues(t *testing.T) {
 	causes := newDeliveries(map[string]func(*message.Message) bool{"requeued after nack": amqpRedelivered})
 	billing.Run(t, amqpSubscriber(t, config), queue, effects.RunConfig{Outer: causes.middleware(nack)})
 	require.Eventually(t, func() bool {
-		return billing.Handled.Load() == 30 && billing.Outcomes()[inbox.OutcomeDuplicate] == nacks.Load()
+		return billing.Handled.Load() == 30 && billing.Outcomes()[observe.Duplicate] == nacks.Load()
 	}, effects.WaitFor, 20*time.Millisecond)
 
 	billing.RequireExactlyOnce(t, ids)
@@ -154,7 +154,7 @@ func TestAMQPConsumerKilledWithUnackedDeliveries(t *testing.T) {
 	billing.RequireExactlyOnce(t, ids)
 
 	require.EqualValues(t, len(ids)-committed, billing.Handled.Load(), "the restarted consumer handled only the rest")
-	duplicates := billing.Outcomes()[inbox.OutcomeDuplicate]
+	duplicates := billing.Outcomes()[observe.Duplicate]
 	require.EqualValues(t, ready-(len(ids)-committed), duplicates, "every committed but unacknowledged event was skipped")
 	require.GreaterOrEqual(t, duplicates, int64(1))
 	require.Greater(t, causes.count("requeued from the killed consumer"), int(duplicates), "prefetched deliveries were requeued too")
@@ -237,6 +237,6 @@ func TestAMQPPublisherRetriesAfterLostConfirm(t *testing.T) {
 	require.Eventually(t, func() bool { return billing.Delivered.Load() == int64(n+lost) }, effects.WaitFor, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return amqpReady(t, queue) == 0 && billing.Handled.Load() == n }, effects.WaitFor, 20*time.Millisecond)
 	billing.RequireExactlyOnce(t, ids)
-	require.EqualValues(t, lost, billing.Outcomes()[inbox.OutcomeDuplicate])
+	require.EqualValues(t, lost, billing.Outcomes()[observe.Duplicate])
 	report(t, start, ids, counted{"republished after a lost confirm": lost}, billing)
 }

@@ -16,6 +16,7 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -97,7 +98,7 @@ func TestEventIDSurvivesTheHop(t *testing.T) {
 			billing := effects.NewService(t, db, "billing")
 			billing.Run(t, sub, topic, effects.RunConfig{})
 			require.Eventually(t, func() bool { return billing.Delivered.Load() == 4 }, effects.WaitFor, 20*time.Millisecond)
-			require.Eventually(t, func() bool { return billing.Outcomes()[inbox.OutcomeDuplicate] == 2 }, effects.WaitFor, 20*time.Millisecond,
+			require.Eventually(t, func() bool { return billing.Outcomes()[observe.Duplicate] == 2 }, effects.WaitFor, 20*time.Millisecond,
 				"outcomes %v", billing.Outcomes())
 			billing.RequireExactlyOnce(t, []string{same.UUID, eventID})
 		})
@@ -140,17 +141,17 @@ func TestEventIDOverwrittenByCorrelationID(t *testing.T) {
 			require.Eventually(t, func() bool { return billing.Delivered.Load() == 3 && amqpReady(t, queue) == 0 }, effects.WaitFor, 20*time.Millisecond)
 			require.Eventually(t, func() bool {
 				o := billing.Outcomes()
-				return o[inbox.OutcomeDuplicate]+o[inbox.OutcomeIDReused] == 2
+				return o[observe.Duplicate]+o[observe.IDReused] == 2
 			}, effects.WaitFor, 20*time.Millisecond)
 			// Three events, one effect: the hazard itself.
 			require.Equal(t, map[string]int{"correlation": 1}, billing.EffectCounts(t))
 			o := billing.Outcomes()
 			if !fingerprint {
-				require.EqualValues(t, 2, o[inbox.OutcomeDuplicate])
+				require.EqualValues(t, 2, o[observe.Duplicate])
 				require.Empty(t, logs.Captured()[watermill.ErrorLogLevel])
 				return
 			}
-			require.EqualValues(t, 2, o[inbox.OutcomeIDReused])
+			require.EqualValues(t, 2, o[observe.IDReused])
 			require.Len(t, logs.Captured()[watermill.ErrorLogLevel], 2, "each reused id is logged at error level")
 		})
 	}
@@ -194,7 +195,7 @@ func TestEventIDMissingFromForeignPublisher(t *testing.T) {
 			topic, sub := tc.publish(t)
 			billing := effects.NewService(t, db, "billing")
 			billing.Run(t, sub, topic, effects.RunConfig{})
-			require.Eventually(t, func() bool { return billing.Outcomes()[inbox.OutcomeMissingID] >= 1 }, effects.WaitFor, 20*time.Millisecond)
+			require.Eventually(t, func() bool { return billing.Outcomes()[observe.MissingID] >= 1 }, effects.WaitFor, 20*time.Millisecond)
 			require.Zero(t, billing.Handled.Load())
 			require.Zero(t, billing.EffectRows(t))
 		})

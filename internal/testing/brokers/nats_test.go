@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
 	"github.com/watermill-inbox/inbox/internal/testing/killtest"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -227,12 +227,12 @@ func TestNATSAckAfterAckWait(t *testing.T) {
 			require.Equal(t, len(slow), overlapped, "every slow event was redelivered while its first copy was in its transaction")
 			o := billing.Outcomes()
 			if tc.claimTimeout > 0 {
-				require.Positive(t, o[inbox.OutcomeInFlight], "copies gave up waiting (ErrInFlight)")
+				require.Positive(t, o[observe.InFlight], "copies gave up waiting (ErrInFlight)")
 			} else {
-				require.Zero(t, o[inbox.OutcomeInFlight])
+				require.Zero(t, o[observe.InFlight])
 			}
-			require.GreaterOrEqual(t, o[inbox.OutcomeDuplicate], int64(len(slow)))
-			require.EqualValues(t, 30, o[inbox.OutcomeProcessed])
+			require.GreaterOrEqual(t, o[observe.Duplicate], int64(len(slow)))
+			require.EqualValues(t, 30, o[observe.Processed])
 			report(t, start, ids, causes, billing)
 		})
 	}
@@ -268,7 +268,7 @@ func TestNATSConsumerKilled(t *testing.T) {
 	o := billing.Outcomes()
 	// One, the event committed before the kill; more if a handler took
 	// longer than AckWait on a loaded machine.
-	require.GreaterOrEqual(t, o[inbox.OutcomeDuplicate], int64(1), "the event committed before the kill was skipped")
+	require.GreaterOrEqual(t, o[observe.Duplicate], int64(1), "the event committed before the kill was skipped")
 	require.Greater(t, causes.count("redelivered after the kill"), 1, "deliveries pushed to the dead consumer came back")
 	report(t, start, ids, causes, billing)
 }
@@ -309,7 +309,7 @@ func TestNATSManualAck(t *testing.T) {
 			}})
 			require.Eventually(t, func() bool {
 				o := billing.Outcomes()
-				return o[inbox.OutcomeRolledBack]+o[inbox.OutcomeCommitFailed] == 1
+				return o[observe.RolledBack]+o[observe.CommitFailed] == 1
 			}, effects.WaitFor, 20*time.Millisecond, "the first delivery's transaction was cancelled")
 			if manualAck {
 				// Any later delivery slower than AckWaitTimeout (a loaded

@@ -10,10 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
 	"github.com/watermill-inbox/inbox/internal/testing/killtest"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // redisClient returns a client of its own: a watermill-redisstream
@@ -115,7 +115,7 @@ func TestRedisPendingEntriesClaimed(t *testing.T) {
 	// Once each, unless a handler on a loaded machine takes longer than
 	// MaxIdleTime and its entry is claimed again.
 	require.GreaterOrEqual(t, causes.count("claimed after idle time"), len(pending), "every pending entry was claimed")
-	require.GreaterOrEqual(t, billing.Outcomes()[inbox.OutcomeDuplicate], int64(1), "the entry committed before the kill was skipped")
+	require.GreaterOrEqual(t, billing.Outcomes()[observe.Duplicate], int64(1), "the entry committed before the kill was skipped")
 	t.Logf("child committed %d effects and left %d entries pending", committed, len(pending))
 	report(t, start, ids, causes, billing)
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 var logger = watermill.NopLogger{}
@@ -99,7 +99,7 @@ func report(t *testing.T, start time.Time, ids []string, causes fmt.Stringer, se
 	for _, s := range services {
 		o := s.Outcomes()
 		t.Logf("report %s: deliveries %d (redeliveries: %v; inbox: processed %d, duplicate %d, in_flight %d, rolled_back %d), effects %d, unique events %d, %s",
-			t.Name(), s.Delivered.Load(), causes, o[inbox.OutcomeProcessed], o[inbox.OutcomeDuplicate], o[inbox.OutcomeInFlight],
-			o[inbox.OutcomeRolledBack], s.EffectRows(t), len(unique), time.Since(start).Round(time.Millisecond))
+			t.Name(), s.Delivered.Load(), causes, o[observe.Processed], o[observe.Duplicate], o[observe.InFlight],
+			o[observe.RolledBack], s.EffectRows(t), len(unique), time.Since(start).Round(time.Millisecond))
 	}
 }

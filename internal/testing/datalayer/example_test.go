@@ -19,6 +19,7 @@ import (
 	"gorm.io/gorm"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testing/datalayer/sqlc/pgsql"
 	"github.com/watermill-inbox/inbox/internal/testing/datalayer/sqlc/pgxv5"
 	"github.com/watermill-inbox/inbox/pgxinbox"
@@ -109,7 +110,7 @@ func serve(db *sql.DB, handle message.NoPublishHandlerFunc) {
 }
 
 // run is the README's quick start, on any store.
-func run(store inbox.Store, handle message.NoPublishHandlerFunc) {
+func run(store inboxdriver.Store, handle message.NoPublishHandlerFunc) {
 	ctx := context.Background()
 	logger := watermill.NewStdLogger(false, false)
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Logger: logger})

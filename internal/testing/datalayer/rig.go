@@ -35,6 +35,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -78,7 +79,7 @@ type Rig struct {
 	DB *sql.DB
 	// Pool is the store's pool on Pgx, else nil.
 	Pool  *pgxpool.Pool
-	store inbox.Store
+	store inboxdriver.Store
 }
 
 // sqliteBusyTimeout is shorter than sqlinbox.SQLiteDSN's, so that a write

@@ -23,6 +23,7 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -56,7 +57,7 @@ type Service struct {
 	Handled   atomic.Int64 // handler calls that committed
 
 	mu       sync.Mutex
-	outcomes map[inbox.Outcome]int64
+	outcomes map[observe.Outcome]int64
 }
 
 // NewService creates a service with its own inbox and effect tables.
@@ -87,7 +88,7 @@ func openService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string, 
 	config.Dialect, config.Table = sqlinbox.PostgreSQL, inboxTable
 	store, err := sqlinbox.New(db, config)
 	require.NoError(t, err)
-	return &Service{Name: name, DB: db, Store: store, Config: config, Inbox: inboxTable, Effects: effects, outcomes: map[inbox.Outcome]int64{}}
+	return &Service{Name: name, DB: db, Store: store, Config: config, Inbox: inboxTable, Effects: effects, outcomes: map[observe.Outcome]int64{}}
 }
 
 // RunConfig adds behaviour around a service's handler.
@@ -198,10 +199,10 @@ func (s *Service) handle(rc RunConfig) message.HandlerFunc {
 	}
 }
 
-// Start implements inbox.Observer: the service counts the outcome of every
+// Start implements observe.Observer: the service counts the outcome of every
 // message.
-func (s *Service) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(o inbox.Observation) {
+func (s *Service) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(o observe.Observation) {
 		s.mu.Lock()
 		s.outcomes[o.Outcome]++
 		s.mu.Unlock()
@@ -209,10 +210,10 @@ func (s *Service) Start(ctx context.Context) (context.Context, func(inbox.Observ
 }
 
 // Outcomes returns how many messages ended in each outcome so far.
-func (s *Service) Outcomes() map[inbox.Outcome]int64 {
+func (s *Service) Outcomes() map[observe.Outcome]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[inbox.Outcome]int64, len(s.outcomes))
+	out := make(map[observe.Outcome]int64, len(s.outcomes))
 	for o, n := range s.outcomes {
 		out[o] = n
 	}

@@ -29,8 +29,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/kafkatest"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -85,7 +87,7 @@ type names struct {
 // on one database, and the handler's access to the transaction they share.
 type backend[TTx any] struct {
 	store interface {
-		inbox.Store
+		inboxdriver.Store
 		CreateSchema(context.Context) error
 	}
 	driver riverdriver.Driver[TTx]
@@ -182,12 +184,12 @@ func (p *process[TTx]) handle(msg *message.Message) error {
 	return inbox.AfterCommit(ctx, func(context.Context) error { p.hooks.afterCommit(eventID); return nil })
 }
 
-// Start implements inbox.Observer: the process counts deliveries and skipped
+// Start implements observe.Observer: the process counts deliveries and skipped
 // duplicates.
-func (p *process[TTx]) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
+func (p *process[TTx]) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
 	p.Delivered.Add(1)
-	return ctx, func(o inbox.Observation) {
-		if o.Outcome == inbox.OutcomeDuplicate {
+	return ctx, func(o observe.Observation) {
+		if o.Outcome == observe.Duplicate {
 			p.Skipped.Add(1)
 		}
 	}

@@ -7,14 +7,13 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-
-	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // Counts records what routers did: every outcome of the inbox, the
 // retries of the Retry middleware, the nacks the broker got, the log lines
 // the routers wrote, and the first claim that succeeded after a Mark. One
-// Counts may serve several routers. It is an inbox.Observer.
+// Counts may serve several routers. It is an observe.Observer.
 type Counts struct {
 	Deliveries atomic.Int64 // messages that reached the router's handler, redeliveries included
 	Retries    atomic.Int64 // attempts the Retry middleware repeated
@@ -23,22 +22,22 @@ type Counts struct {
 	DebugLines atomic.Int64 // at debug and trace levels
 
 	mu       sync.Mutex
-	outcomes map[inbox.Outcome]int64
+	outcomes map[observe.Outcome]int64
 	mark     time.Time
 	firstOK  time.Time // the end of the first claim that started after mark and succeeded
 	okSince  int64     // successful claims since mark
 }
 
 // NewCounts returns empty counts.
-func NewCounts() *Counts { return &Counts{outcomes: map[inbox.Outcome]int64{}} }
+func NewCounts() *Counts { return &Counts{outcomes: map[observe.Outcome]int64{}} }
 
-// Start implements inbox.Observer.
-func (c *Counts) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(ob inbox.Observation) {
+// Start implements observe.Observer.
+func (c *Counts) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(ob observe.Observation) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.outcomes[ob.Outcome]++
-		claimed := ob.Outcome == inbox.OutcomeProcessed || ob.Outcome == inbox.OutcomeDuplicate
+		claimed := ob.Outcome == observe.Processed || ob.Outcome == observe.Duplicate
 		if claimed && !c.mark.IsZero() && ob.ClaimStart.After(c.mark) {
 			c.okSince++
 			if end := ob.ClaimStart.Add(ob.ClaimDuration); c.firstOK.IsZero() || end.Before(c.firstOK) {
@@ -92,17 +91,17 @@ func (c *Counts) Snapshot() Snapshot {
 	}
 	for o, n := range c.outcomes {
 		switch o {
-		case inbox.OutcomeProcessed:
+		case observe.Processed:
 			s.Processed += n
-		case inbox.OutcomeDuplicate:
+		case observe.Duplicate:
 			s.Duplicates += n
-		case inbox.OutcomeClaimFailed:
+		case observe.ClaimFailed:
 			s.ClaimFailed += n
-		case inbox.OutcomeCommitFailed:
+		case observe.CommitFailed:
 			s.CommitFailed += n
-		case inbox.OutcomeRolledBack:
+		case observe.RolledBack:
 			s.RolledBack += n
-		case inbox.OutcomeInFlight:
+		case observe.InFlight:
 			s.InFlight += n
 		default:
 			s.Other += n

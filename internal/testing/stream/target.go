@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -33,7 +34,7 @@ type Target struct {
 	DSN     string
 	DB      *sql.DB // database/sql, on the same database: setup and checks
 	Pool    *pgxpool.Pool
-	Store   inbox.Store
+	Store   inboxdriver.Store
 	Inbox   string // table names
 	Effects string
 

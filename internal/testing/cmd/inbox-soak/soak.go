@@ -30,6 +30,7 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testing/kafkatest"
 	"github.com/watermill-inbox/inbox/internal/testing/stream"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -73,7 +74,7 @@ func (f *faults) total() int64 {
 type result struct {
 	deliveries, unique, duplicates int
 	attempts                       int64 // messages that reached the middleware, redeliveries included
-	outcomes                       map[inbox.Outcome]int64
+	outcomes                       map[observe.Outcome]int64
 	effects, inboxRows             int64
 	missing, doubled, unknown      int64 // events without effect, events with more than one, effects of no event
 	elapsed                        time.Duration
@@ -105,7 +106,7 @@ type soak struct {
 
 	faults   faults
 	attempts atomic.Int64
-	outcomes sync.Map // inbox.Outcome -> *atomic.Int64
+	outcomes sync.Map // observe.Outcome -> *atomic.Int64
 	armCrash atomic.Bool
 
 	mu      sync.Mutex
@@ -447,9 +448,9 @@ func (s *soak) handle(msg *message.Message) error {
 	return nil
 }
 
-// Start implements inbox.Observer: the soak counts outcomes.
-func (s *soak) Start(ctx context.Context) (context.Context, func(inbox.Observation)) {
-	return ctx, func(ob inbox.Observation) {
+// Start implements observe.Observer: the soak counts outcomes.
+func (s *soak) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
+	return ctx, func(ob observe.Observation) {
 		v, _ := s.outcomes.LoadOrStore(ob.Outcome, new(atomic.Int64))
 		v.(*atomic.Int64).Add(1)
 	}
@@ -625,9 +626,9 @@ func (s *soak) killTransactions(ctx context.Context) (n int64, ok bool) {
 // check reads the verdict from the database: one effect row per event,
 // none missing, none extra, one inbox row per event.
 func (s *soak) check(ctx context.Context, unique int) (result, error) {
-	r := result{deliveries: s.o.deliveries, unique: unique, duplicates: s.o.deliveries - unique, attempts: s.attempts.Load(), outcomes: map[inbox.Outcome]int64{}}
+	r := result{deliveries: s.o.deliveries, unique: unique, duplicates: s.o.deliveries - unique, attempts: s.attempts.Load(), outcomes: map[observe.Outcome]int64{}}
 	s.outcomes.Range(func(k, v any) bool {
-		r.outcomes[k.(inbox.Outcome)] = v.(*atomic.Int64).Load()
+		r.outcomes[k.(observe.Outcome)] = v.(*atomic.Int64).Load()
 		return true
 	})
 	v, err := stream.Count(ctx, s.direct, unique)
@@ -648,7 +649,7 @@ func (s *soak) print(out io.Writer, r result) {
 	row("unique events", r.unique, "")
 	row("duplicates", r.duplicates, fmt.Sprintf("%.1f%% of deliveries, published as relay retries", 100*float64(r.duplicates)/float64(r.deliveries)))
 	row("handled", r.attempts, "messages that reached the inbox in this process, redeliveries after faults included")
-	for _, o := range []inbox.Outcome{inbox.OutcomeProcessed, inbox.OutcomeDuplicate, inbox.OutcomeRolledBack, inbox.OutcomeClaimFailed, inbox.OutcomeCommitFailed, inbox.OutcomeInFlight} {
+	for _, o := range []observe.Outcome{observe.Processed, observe.Duplicate, observe.RolledBack, observe.ClaimFailed, observe.CommitFailed, observe.InFlight} {
 		row("  "+string(o), r.outcomes[o], "")
 	}
 	row("faults injected", f.total(), "")

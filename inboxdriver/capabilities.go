@@ -1,0 +1,84 @@
+package inboxdriver
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// The interfaces below are optional: the middleware looks for each on the
+// [Store] and does without what a store lacks.
+
+// EventIDChecker is implemented by stores whose event id column accepts
+// less than any valid string, such as a native UUID column. The middleware
+// calls it before opening a transaction; the error wraps
+// [ErrInvalidEventID]. It may return a canonical form of the id, so that
+// equal ids spelled differently (upper- and lower-case UUIDs) share one row.
+type EventIDChecker interface {
+	CheckEventID(id string) (string, error)
+}
+
+// FingerprintChecker is implemented by stores that can keep a fingerprint
+// with each claim. The middleware refuses to start with a fingerprint
+// function when the store lacks it or CheckFingerprints fails (a table
+// configured without the column).
+type FingerprintChecker interface {
+	CheckFingerprints() error
+}
+
+// ConflictDetector is implemented by stores whose database can report the
+// race between two copies of one event as a conflict on a statement after
+// the claim, or at COMMIT: a multi-primary cluster's certification failure,
+// a deadlock, a serialization failure. The middleware then wraps the error
+// with [ErrInFlight] instead of reporting a failed handler.
+type ConflictDetector interface {
+	IsConflict(err error) bool
+}
+
+// UnavailableDetector is implemented by stores that recognise their
+// database's ways of saying it or the connection went away (shutting down,
+// starting up, a connection killed), which the middleware reports as
+// transient beside the drivers' generic errors.
+type UnavailableDetector interface {
+	IsUnavailable(err error) bool
+}
+
+// TxWriteCounter is implemented by stores that can tell how many rows a
+// claim's transaction has written so far. The middleware counts around the
+// first in-transaction publish of each consumer, and warns when the
+// publisher wrote nothing through the transaction. ok is false when the
+// database cannot tell.
+type TxWriteCounter interface {
+	CountTxWrites(ctx context.Context, tx Tx) (n int64, ok bool, err error)
+}
+
+// ConsumerRegistry is implemented by stores that keep, beside the inbox
+// table, which services claim for each consumer: a lease per process,
+// renewed while it claims. The middleware warns when two services claim
+// for one consumer at the same time; it never refuses a message for it.
+type ConsumerRegistry interface {
+	// Heartbeat records that h.Instance of h.Service claims for
+	// h.Consumer now, with its warnings, and returns the other services
+	// whose instances claimed for it within h.Lease.
+	Heartbeat(ctx context.Context, h Heartbeat) (others []string, err error)
+}
+
+// Heartbeat is one renewal of a process's lease on a consumer.
+type Heartbeat struct {
+	Consumer, Service, Instance string
+	// Warnings are what the process suspects of the consumer's wiring,
+	// comma-separated, "" for none.
+	Warnings string
+	// Lease is how long the renewal counts the instance as claiming.
+	Lease time.Duration
+	// First marks the process's first heartbeat for the consumer: the
+	// store may then remove the consumer's leases that expired long ago.
+	First bool
+}
+
+// TxPublisher builds, for one message, the publisher of the messages its
+// handler returns, on the transaction of its claim.
+type TxPublisher interface {
+	PublisherFor(tx Tx) (message.Publisher, error)
+}

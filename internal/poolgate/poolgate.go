@@ -1,0 +1,121 @@
+// Package poolgate keeps a store's claims from taking the last connection of
+// its pool. Each claim holds a connection for its whole handler; a handler
+// that takes a second connection from the pool (writing through the
+// *sql.DB instead of the transaction) would wedge the consumer once every
+// connection is held by a claim whose handler waits for another. With the
+// last connection left free, one such handler at a time gets it and the
+// others follow: the misuse is slow, never a deadlock. A pool of one cannot
+// leave one free, and is let through as it is.
+package poolgate
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Gate counts the connections a store's claims hold, and makes a claim wait,
+// without holding a connection, while they hold as many as the limit allows.
+// The zero value is ready.
+type Gate struct {
+	mu      sync.Mutex
+	held    int
+	waiting []chan struct{} // first come, first served
+
+	// The pool's size, read again at most once per refresh: reading it
+	// takes the pool's own lock, which every query takes too.
+	size   atomic.Int64
+	readAt atomic.Int64 // unix nanoseconds
+}
+
+// refresh is how stale the pool size may be: a pool resized at run time
+// (SetMaxOpenConns) is seen within it.
+const refresh = time.Second
+
+// Enter waits until the claims hold fewer connections than a pool of the
+// size poolSize returns (0 for no limit) lets them, and counts one more. The
+// ticket gives the connection back once the claim's transaction has ended.
+func (g *Gate) Enter(ctx context.Context, poolSize func() int) (Ticket, error) {
+	limit := g.limit(poolSize)
+	if limit <= 0 {
+		return Ticket{}, nil
+	}
+	if err := g.enter(ctx, limit); err != nil {
+		return Ticket{}, err
+	}
+	return Ticket{g: g, limit: limit}, nil
+}
+
+// Ticket is one claim's place in its [Gate].
+type Ticket struct {
+	g     *Gate
+	limit int
+}
+
+// Leave gives the place back; later calls do nothing.
+func (t *Ticket) Leave() {
+	if t.g != nil {
+		t.g.leave(t.limit)
+		t.g = nil
+	}
+}
+
+// limit is how many connections the claims may hold: all but one, or the
+// only one; 0 for a pool without a limit.
+func (g *Gate) limit(poolSize func() int) int {
+	now := time.Now().UnixNano()
+	if at := g.readAt.Load(); at == 0 || now-at > int64(refresh) {
+		g.size.Store(int64(poolSize()))
+		g.readAt.Store(now)
+	}
+	n := int(g.size.Load())
+	if n <= 0 {
+		return 0
+	}
+	return max(n-1, 1)
+}
+
+func (g *Gate) enter(ctx context.Context, limit int) error {
+	g.mu.Lock()
+	if g.held < limit && len(g.waiting) == 0 {
+		g.held++
+		g.mu.Unlock()
+		return nil
+	}
+	turn := make(chan struct{})
+	g.waiting = append(g.waiting, turn)
+	g.mu.Unlock()
+	select {
+	case <-turn:
+		return nil
+	case <-ctx.Done():
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for i, w := range g.waiting {
+			if w == turn {
+				g.waiting = append(g.waiting[:i], g.waiting[i+1:]...)
+				return ctx.Err()
+			}
+		}
+		// The turn came with the cancellation: pass it on.
+		g.held--
+		g.admit(limit)
+		return ctx.Err()
+	}
+}
+
+func (g *Gate) leave(limit int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held--
+	g.admit(limit)
+}
+
+func (g *Gate) admit(limit int) {
+	for g.held < limit && len(g.waiting) > 0 {
+		g.held++
+		close(g.waiting[0])
+		g.waiting = g.waiting[1:]
+	}
+}

@@ -1,0 +1,92 @@
+package sqlinbox
+
+import "fmt"
+
+// leaseSuffix names the lease table beside the inbox table:
+// "watermill_inbox_leases".
+const leaseSuffix = "leases"
+
+// leaseQueries is the SQL of an inbox table's leases: one row per consumer,
+// service and process, renewed while the process claims for the consumer
+// ([inboxdriver.ConsumerRegistry]), so that two services claiming for one
+// consumer at once can be told. A renewal only ever updates seen_at and
+// warnings, never a key column: a table sharded by consumer (Vitess) takes
+// no assignment of its vindex column. Times are compared on the database's
+// clock, so that the processes' clocks do not matter.
+type leaseQueries struct {
+	// create makes the table; [Store.CreateSchema] and [Store.SchemaSQL]
+	// end with it.
+	create string
+	// renew upserts (consumer, service, instance, warnings) as seen now;
+	// others lists the services other than $2 with a lease on consumer $1
+	// seen within $3 seconds; expire removes consumer $1's leases not seen
+	// for a day.
+	renew, others, expire string
+	// list reads every lease, with its age in seconds, for the inbox check
+	// command.
+	list string
+	// drop removes the table, for a migration tool's down step.
+	drop string
+}
+
+func (postgresql) leases(t tableName) leaseQueries {
+	table := t.derived(leaseSuffix).quoted('"')
+	return leaseQueries{
+		create: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
+	service  text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
+	instance text        NOT NULL CHECK (octet_length(instance) BETWEEN 1 AND 255),
+	seen_at  timestamptz NOT NULL DEFAULT now(),
+	warnings text        NOT NULL DEFAULT '',
+	PRIMARY KEY (consumer, service, instance)
+)`, table),
+		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, warnings) VALUES ($1, $2, $3, now(), $4)
+ON CONFLICT (consumer, service, instance) DO UPDATE SET seen_at = excluded.seen_at, warnings = excluded.warnings`, table),
+		others: fmt.Sprintf(`SELECT DISTINCT service FROM %s WHERE consumer = $1 AND service <> $2 AND seen_at > now() - $3 * interval '1 second' ORDER BY service`, table),
+		expire: fmt.Sprintf(`DELETE FROM %s WHERE consumer = $1 AND seen_at < now() - interval '1 day'`, table),
+		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, extract(epoch FROM now() - seen_at)::float8 FROM %s ORDER BY consumer, service, instance`, table),
+		drop:   `DROP TABLE IF EXISTS ` + table,
+	}
+}
+
+func (mysqlDialect) leases(t tableName) leaseQueries {
+	table := t.derived(leaseSuffix).quoted('`')
+	return leaseQueries{
+		// Binary columns, as the inbox's: names compare byte for byte.
+		create: fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n"+
+			"\tconsumer VARBINARY(255) NOT NULL,\n"+
+			"\tservice  VARBINARY(255) NOT NULL,\n"+
+			"\tinstance VARBINARY(255) NOT NULL,\n"+
+			"\tseen_at  DATETIME(6)    NOT NULL,\n"+
+			"\twarnings VARBINARY(255) NOT NULL DEFAULT '',\n"+
+			"\tPRIMARY KEY (consumer, service, instance)\n"+
+			") ENGINE=InnoDB", table),
+		renew: fmt.Sprintf("INSERT INTO %s (consumer, service, instance, seen_at, warnings) VALUES (?, ?, ?, UTC_TIMESTAMP(6), ?)\n"+
+			"ON DUPLICATE KEY UPDATE seen_at = VALUES(seen_at), warnings = VALUES(warnings)", table),
+		others: fmt.Sprintf("SELECT DISTINCT service FROM %s WHERE consumer = ? AND service <> ? AND seen_at > UTC_TIMESTAMP(6) - INTERVAL ? SECOND ORDER BY service", table),
+		expire: fmt.Sprintf("DELETE FROM %s WHERE consumer = ? AND seen_at < UTC_TIMESTAMP(6) - INTERVAL 1 DAY", table),
+		list:   fmt.Sprintf("SELECT consumer, service, instance, warnings, TIMESTAMPDIFF(MICROSECOND, seen_at, UTC_TIMESTAMP(6)) / 1000000.0 FROM %s ORDER BY consumer, service, instance", table),
+		drop:   "DROP TABLE IF EXISTS " + table,
+	}
+}
+
+func (sqlite) leases(t tableName) leaseQueries {
+	table := t.derived(leaseSuffix).quoted('"')
+	const now = `strftime('%Y-%m-%dT%H:%M:%fZ', 'now')`
+	return leaseQueries{
+		create: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer TEXT NOT NULL CHECK (length(CAST(consumer AS BLOB)) BETWEEN 1 AND 255),
+	service  TEXT NOT NULL CHECK (length(CAST(service AS BLOB)) BETWEEN 1 AND 255),
+	instance TEXT NOT NULL CHECK (length(CAST(instance AS BLOB)) BETWEEN 1 AND 255),
+	seen_at  TEXT NOT NULL,
+	warnings TEXT NOT NULL DEFAULT '',
+	PRIMARY KEY (consumer, service, instance)
+) WITHOUT ROWID`, table),
+		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, warnings) VALUES (?, ?, ?, %s, ?)
+ON CONFLICT (consumer, service, instance) DO UPDATE SET seen_at = excluded.seen_at, warnings = excluded.warnings`, table, now),
+		others: fmt.Sprintf(`SELECT DISTINCT service FROM %s WHERE consumer = ? AND service <> ? AND julianday(seen_at) > julianday('now') - ? / 86400.0 ORDER BY service`, table),
+		expire: fmt.Sprintf(`DELETE FROM %s WHERE consumer = ? AND julianday(seen_at) < julianday('now') - 1`, table),
+		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, (julianday('now') - julianday(seen_at)) * 86400.0 FROM %s ORDER BY consumer, service, instance`, table),
+		drop:   `DROP TABLE IF EXISTS ` + table,
+	}
+}
