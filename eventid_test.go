@@ -103,12 +103,12 @@ func TestNewMiddlewareValidatesConfig(t *testing.T) {
 	t.Parallel()
 	_, err := inbox.NewMiddleware(inbox.Config{})
 	require.ErrorContains(t, err, "Store")
-	for _, bad := range []string{"a\x00b", "tab\there", strings.Repeat("c", inbox.MaxConsumerLength+1), "\xff"} {
+	for _, bad := range []string{"a\x00b", "tab\there", strings.Repeat("c", 256), "\xff"} {
 		_, err := inbox.NewMiddleware(inbox.Config{Store: nopStore{}, Consumer: bad})
 		require.ErrorContains(t, err, "Consumer", "%q", bad)
 	}
 	_, err = inbox.NewMiddleware(inbox.Config{Store: nopStore{}, Consumer: "billing v2/eu"})
 	require.NoError(t, err)
-	_, err = inbox.NewMiddleware(inbox.Config{Store: nopStore{}, Service: strings.Repeat("s", inbox.MaxConsumerLength+1)})
+	_, err = inbox.NewMiddleware(inbox.Config{Store: nopStore{}, Service: strings.Repeat("s", 256)})
 	require.ErrorContains(t, err, "inbox: invalid config: Service: service name is 256 bytes")
 }

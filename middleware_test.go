@@ -312,10 +312,9 @@ func TestUnusedTxReportedOncePerConsumer(t *testing.T) {
 	require.NoError(t, err)
 	conformancetest.RunRouter(t, func(r *message.Router) {
 		r.AddMiddleware(w.middleware(t, inbox.Config{
-			ProducedPublisher: func(ctx context.Context) (message.Publisher, error) {
-				tx, _ := inbox.TxFromContext(ctx)
+			ProducedPublisher: inbox.PublishInTx(func(tx *sql.Tx) (message.Publisher, error) {
 				return outboxPublisher{tx}, nil
-			},
+			}),
 		}))
 		// The miswired handler: its effect goes around the claim (here to
 		// memory; SQLite would make a write through w.db wait for the
@@ -386,7 +385,7 @@ func TestInboxAppliedTwice(t *testing.T) {
 	w.publish(t, "events", "a")
 	err := <-errs
 	require.ErrorIs(t, err, inbox.ErrMiswired)
-	require.ErrorContains(t, err, "applied twice")
+	require.ErrorContains(t, err, "wraps this handler twice")
 	require.False(t, called.Load())
 	require.Zero(t, w.claims(t))
 }
@@ -425,7 +424,7 @@ func TestHandlerGuards(t *testing.T) {
 		composed := func(h message.HandlerFunc) message.HandlerFunc { return mw(inner(h)) }
 		_, err = inbox.Handler(composed, w.handler(nil))(msg(name))
 		require.ErrorIs(t, err, inbox.ErrMiswired, name)
-		require.ErrorContains(t, err, "called 2 times in one inbox transaction", name)
+		require.ErrorContains(t, err, "ran 2 times in one inbox transaction", name)
 		require.Equal(t, 1, w.attemptsOf("c/"+name), name)
 	}
 	require.Zero(t, w.effects(t))

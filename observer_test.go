@@ -152,7 +152,7 @@ func TestObserverPanicChangesNothing(t *testing.T) {
 	logged := w.logs.Captured()[watermill.ErrorLogLevel]
 	require.Len(t, logged, 2, "once per consumer")
 	for i, callback := range []string{"Start", "done"} {
-		require.Contains(t, logged[i].Msg, "an Observer panicked")
+		require.Contains(t, logged[i].Msg, "an observer panicked")
 		require.Equal(t, callback, logged[i].Fields["callback"])
 		require.ErrorContains(t, logged[i].Err, callback+" exploded")
 	}

@@ -2,7 +2,6 @@ package inbox_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
@@ -11,6 +10,6 @@ import (
 // nopStore satisfies inboxdriver.Store for configuration tests that never claim.
 type nopStore struct{}
 
-func (nopStore) Claim(context.Context, *sql.TxOptions, string, string, []byte) (inboxdriver.Tx, []byte, error) {
+func (nopStore) Claim(context.Context, inboxdriver.Claim) (inboxdriver.Tx, []byte, error) {
 	return nil, nil, errors.New("nopStore does not claim")
 }

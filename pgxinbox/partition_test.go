@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -21,7 +22,7 @@ import (
 // claimTx claims (consumer, eventID) as the middleware does and returns
 // the claim's transaction, nil for a duplicate.
 func (f *fixture) claimTx(ctx context.Context, opts *sql.TxOptions, consumer, eventID string) (pgx.Tx, bool, error) {
-	tx, _, err := f.store.Claim(ctx, opts, consumer, eventID, nil)
+	tx, _, err := f.store.Claim(ctx, inboxdriver.Claim{TxOptions: opts, Consumer: consumer, EventID: eventID})
 	if tx == nil {
 		return nil, false, err
 	}
@@ -226,15 +227,15 @@ func TestEventIDTimeClaims(t *testing.T) {
 	require.Equal(t, table+"_default", f.partitionOf(t, "billing", old))
 
 	ctx := context.Background()
-	tx, _, err := f.store.Claim(ctx, nil, "fp", id, []byte("v1"))
+	tx, _, err := f.store.Claim(ctx, inboxdriver.Claim{Consumer: "fp", EventID: id, Fingerprint: []byte("v1")})
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
-	tx, stored, err := f.store.Claim(ctx, nil, "fp", id, []byte("v2"))
+	tx, stored, err := f.store.Claim(ctx, inboxdriver.Claim{Consumer: "fp", EventID: id, Fingerprint: []byte("v2")})
 	require.NoError(t, err)
 	require.Nil(t, tx)
 	require.Equal(t, []byte("v1"), stored)
 
-	_, _, err = f.store.Claim(ctx, nil, "billing", "0b4cdd4c-4bd9-4c4b-9b8c-0b3ff8fd0c1e", nil) // a UUIDv4
+	_, _, err = f.store.Claim(ctx, inboxdriver.Claim{Consumer: "billing", EventID: "0b4cdd4c-4bd9-4c4b-9b8c-0b3ff8fd0c1e"}) // a UUIDv4
 	require.ErrorIs(t, err, inbox.ErrInvalidEventID)
 
 	ids := map[string]string{}

@@ -32,7 +32,7 @@ func setup(t *testing.T, sc sqlinbox.Config) *fixture {
 	store := newStore(t, sc)
 	require.NoError(t, store.CreateSchema(context.Background()))
 	t.Cleanup(func() {
-		_, _ = store.Pool().Exec(context.Background(), "DROP TABLE IF EXISTS "+sc.Table+", "+store.RegistryTable())
+		_, _ = store.Pool().Exec(context.Background(), "DROP TABLE IF EXISTS "+sc.Table+", "+store.LeaseTable())
 	})
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 	require.NoError(t, err)
@@ -212,7 +212,7 @@ func TestClaimTimeoutKeepsSessionLockTimeout(t *testing.T) {
 			store, err := pgxinbox.NewStore(pool, sqlinbox.Config{Table: table, Partitioning: mode, ClaimTimeout: 250 * time.Millisecond})
 			require.NoError(t, err)
 			t.Cleanup(func() {
-				_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+store.RegistryTable())
+				_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+store.LeaseTable())
 			})
 			require.NoError(t, store.CreateSchema(ctx))
 			mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -44,11 +45,31 @@ func TestHandlerTakingSecondConnection(t *testing.T) {
 				require.NoError(t, store.CreateSchema(ctx))
 				mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "c"})
 				require.NoError(t, err)
-				handled, errs := conformancetest.PoolMisuse(t, mw, 4, 2, func(ctx context.Context) error {
+				effects := testdb.Table(t, db, "effects")
+				_, err = db.Exec("CREATE TABLE " + effects + " (event_id text NOT NULL)")
+				require.NoError(t, err)
+				errs := conformancetest.PoolMisuse(t, mw, 4, 2, 90*time.Second, func(ctx context.Context) error {
 					var one int
 					return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+				}, func(ctx context.Context, id string) error {
+					tx, ok := pgxinbox.TxFromContext(ctx)
+					if !ok {
+						return inbox.ErrNotInInbox
+					}
+					_, err := tx.Exec(ctx, "INSERT INTO "+effects+" (event_id) VALUES ($1)", id)
+					return err
 				})
-				require.Equal(t, map[string]int{"ev-0": 1, "ev-1": 1, "ev-2": 1, "ev-3": 1}, handled, "errors: %v", errs)
+				got := map[string]int{}
+				rows, err := db.Query("SELECT event_id, COUNT(*) FROM " + effects + " GROUP BY event_id")
+				require.NoError(t, err)
+				for rows.Next() {
+					var id string
+					var n int
+					require.NoError(t, rows.Scan(&id, &n))
+					got[id] = n
+				}
+				require.NoError(t, rows.Close())
+				require.Equal(t, map[string]int{"ev-0": 1, "ev-1": 1, "ev-2": 1, "ev-3": 1}, got, "committed effects; errors: %v", errs)
 			})
 		}
 	}

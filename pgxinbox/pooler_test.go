@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
@@ -54,7 +55,7 @@ func TestPoolerErrorSaysWhatToSet(t *testing.T) {
 	require.NoError(t, err)
 	failed := 0
 	for i := 0; i < 200 && failed == 0; i++ {
-		tx, _, err := store.Claim(context.Background(), nil, "billing", fmt.Sprint("ev-", i), nil)
+		tx, _, err := store.Claim(context.Background(), inboxdriver.Claim{Consumer: "billing", EventID: fmt.Sprint("ev-", i)})
 		if err != nil {
 			require.ErrorContains(t, err, "a transaction-pooling proxy (PgBouncer pool_mode=transaction before 1.21) gave this connection another server connection between two statements: set sqlinbox.Config.TransactionPooling, and in the DSN")
 			require.NotContains(t, err.Error(), "CreateSchema")

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/prommetrics"
 	"github.com/watermill-inbox/inbox/purge"
@@ -240,7 +241,7 @@ func TestPartitionsBlocked(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchema(ctx))
 	partition, ahead := testdb.BlockLastTimePartition(t, db, table)
-	tx, _, err := store.Claim(ctx, nil, "billing", testdb.UUIDv7(ahead, "dated ahead"), nil)
+	tx, _, err := store.Claim(ctx, inboxdriver.Claim{Consumer: "billing", EventID: testdb.UUIDv7(ahead, "dated ahead")})
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 

@@ -14,6 +14,7 @@ import (
 
 	_ "modernc.org/sqlite"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/purge"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -54,7 +55,7 @@ func Example() {
 	}
 	fmt.Println("purged:", deleted)
 
-	tx, _, err := store.Claim(ctx, nil, "invoicing", "order-2", nil)
+	tx, _, err := store.Claim(ctx, inboxdriver.Claim{Consumer: "invoicing", EventID: "order-2"})
 	if err != nil {
 		log.Fatal(err)
 	}

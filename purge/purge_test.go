@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
@@ -553,11 +552,11 @@ func or(d, otherwise time.Duration) time.Duration {
 // claim claims (consumer, eventID) through store as the middleware does
 // and returns the claim's transaction, nil for a duplicate.
 func claim(ctx context.Context, store inboxdriver.Store, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
-	tx, _, err := store.Claim(ctx, opts, consumer, eventID, nil)
+	tx, _, err := store.Claim(ctx, inboxdriver.Claim{TxOptions: opts, Consumer: consumer, EventID: eventID})
 	if tx == nil {
 		return nil, false, err
 	}
-	return tx.(inbox.SQLTx).Tx, true, err
+	return tx.Handle().(*sql.Tx), true, err
 }
 
 // A batch is DefaultBatchSize rows, DefaultSQLiteBatchSize on SQLite,

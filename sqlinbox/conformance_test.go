@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
@@ -81,9 +80,9 @@ func eventIDTime(target conformancetest.Target) conformancetest.Target {
 // claim claims (consumer, eventID) through store as the middleware does
 // and returns the claim's transaction, nil for a duplicate.
 func claim(ctx context.Context, store inboxdriver.Store, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
-	tx, _, err := store.Claim(ctx, opts, consumer, eventID, nil)
+	tx, _, err := store.Claim(ctx, inboxdriver.Claim{TxOptions: opts, Consumer: consumer, EventID: eventID})
 	if tx == nil {
 		return nil, false, err
 	}
-	return tx.(inbox.SQLTx).Tx, true, err
+	return tx.Handle().(*sql.Tx), true, err
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -57,7 +58,7 @@ func TestDialectMismatch(t *testing.T) {
 				right, err := sqlinbox.New(db, sqlinbox.Config{Dialect: speaks[name], Table: cfg.Table})
 				require.NoError(t, err)
 				require.NoError(t, right.CreateSchema(context.Background()))
-				tx, _, err := store.Claim(context.Background(), nil, "c", "e1", nil)
+				tx, _, err := store.Claim(context.Background(), inboxdriver.Claim{Consumer: "c", EventID: "e1"})
 				if tx != nil {
 					_ = tx.Rollback(context.Background())
 				}

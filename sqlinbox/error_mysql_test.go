@@ -9,6 +9,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -55,7 +56,7 @@ func TestMySQLErrorsRecognisedWithoutTheDriver(t *testing.T) {
 	// suite's ClaimTimeout case covers a lock wait, an event in flight).
 	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.MySQL, Table: testdb.Name("missing")})
 	require.NoError(t, err)
-	_, _, err = store.Claim(ctx, nil, "c", "e", nil)
+	_, _, err = store.Claim(ctx, inboxdriver.Claim{Consumer: "c", EventID: "e"})
 	require.ErrorContains(t, err, "inbox table does not exist")
 	require.ErrorAs(t, err, &driverErr)
 }

@@ -34,7 +34,7 @@ func ExampleStore_SchemaSQL() {
 	//
 	// CREATE INDEX IF NOT EXISTS "inbox_processed_at_idx" ON "billing"."inbox" (processed_at);
 	//
-	// CREATE TABLE IF NOT EXISTS "billing"."inbox_consumers" (
+	// CREATE TABLE IF NOT EXISTS "billing"."inbox_leases" (
 	// 	consumer      text        NOT NULL PRIMARY KEY CHECK (octet_length(consumer) BETWEEN 1 AND 255),
 	// 	service       text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
 	// 	registered_at timestamptz NOT NULL DEFAULT now()
@@ -64,5 +64,5 @@ func ExampleStore_SchemaStatements() {
 	// CREATE TABLE IF NOT EXISTS "watermill_inbox_default" PARTITION OF "watermill_inbox" DEFAULT, semicolons inside: false
 	// CREATE INDEX IF NOT EXISTS "watermill_inbox_processed_at_idx" ON "watermill_inbox" (processed_at), semicolons inside: false
 	// DO $$, semicolons inside: true
-	// CREATE TABLE IF NOT EXISTS "watermill_inbox_consumers" (, semicolons inside: false
+	// CREATE TABLE IF NOT EXISTS "watermill_inbox_leases" (, semicolons inside: false
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/purge"
@@ -109,7 +110,7 @@ func TestEventIDTimeRefusesIDsWithoutTime(t *testing.T) {
 		_, err := store.CheckEventID(id)
 		require.ErrorIs(t, err, inbox.ErrInvalidEventID)
 		require.ErrorContains(t, err, "carries no time (a UUIDv7 or a ULID does)")
-		_, _, err = store.Claim(context.Background(), nil, "billing", id, nil)
+		_, _, err = store.Claim(context.Background(), inboxdriver.Claim{Consumer: "billing", EventID: id})
 		require.ErrorIs(t, err, inbox.ErrInvalidEventID)
 	}
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "billing"})
@@ -202,7 +203,7 @@ func TestPartitionKeyMustMatchTheTable(t *testing.T) {
 		c.PartitionKey = 1 - made
 		other, err := sqlinbox.New(db, c)
 		require.NoError(t, err)
-		_, _, err = other.Claim(context.Background(), nil, "billing", testdb.UUIDv7(time.Now(), "x"), nil)
+		_, _, err = other.Claim(context.Background(), inboxdriver.Claim{Consumer: "billing", EventID: testdb.UUIDv7(time.Now(), "x")})
 		require.ErrorContains(t, err, fmt.Sprintf("is partitioned by RANGE (%s) but Config.PartitionKey is %s", made, 1-made))
 		check, err := other.Maintenance().Check(context.Background(), 0)
 		require.NoError(t, err)
@@ -235,14 +236,14 @@ func TestEventIDTimeFingerprintTimeoutForget(t *testing.T) {
 	})
 	ctx := context.Background()
 	id := testdb.UUIDv7(time.Now(), "fp")
-	tx, stored, err := store.Claim(ctx, nil, "billing", id, []byte("v1"))
+	tx, stored, err := store.Claim(ctx, inboxdriver.Claim{Consumer: "billing", EventID: id, Fingerprint: []byte("v1")})
 	require.NoError(t, err)
 	require.Nil(t, stored)
 	// A copy while the first is in flight waits ClaimTimeout, then gives up.
-	_, _, err = store.Claim(ctx, nil, "billing", id, []byte("v1"))
+	_, _, err = store.Claim(ctx, inboxdriver.Claim{Consumer: "billing", EventID: id, Fingerprint: []byte("v1")})
 	require.ErrorIs(t, err, inbox.ErrInFlight)
 	require.NoError(t, tx.Commit(ctx))
-	tx, stored, err = store.Claim(ctx, nil, "billing", id, []byte("v2"))
+	tx, stored, err = store.Claim(ctx, inboxdriver.Claim{Consumer: "billing", EventID: id, Fingerprint: []byte("v2")})
 	require.NoError(t, err)
 	require.Nil(t, tx)
 	require.Equal(t, []byte("v1"), stored)
@@ -250,7 +251,7 @@ func TestEventIDTimeFingerprintTimeoutForget(t *testing.T) {
 	removed, err := store.Maintenance().Forget(ctx, "billing", []string{id})
 	require.NoError(t, err)
 	require.Len(t, removed, 1)
-	tx, _, err = store.Claim(ctx, nil, "billing", id, nil)
+	tx, _, err = store.Claim(ctx, inboxdriver.Claim{Consumer: "billing", EventID: id})
 	require.NoError(t, err)
 	require.NotNil(t, tx, "forgotten, so new again")
 	require.NoError(t, tx.Rollback(ctx))

@@ -140,6 +140,8 @@ type Store struct {
 	consumerArg maintenance.ConsumerArg
 	// gate leaves one connection of db free of claims (package poolgate).
 	gate poolgate.Gate
+	// poolWarned: a pool of one has been warned about (pool_of_one.go).
+	poolWarned atomic.Bool
 }
 
 var (
@@ -267,7 +269,9 @@ func (s *Store) Claim(ctx context.Context, c inboxdriver.Claim) (inboxdriver.Tx,
 	}
 	tx, claimed, err := s.begin(ctx, stmt, c)
 	if err == nil && claimed {
-		return &claimTx{tx: tx, ticket: ticket}, nil, nil
+		t := &claimTx{tx: tx, ticket: ticket}
+		s.watchPoolOfOne(t)
+		return t, nil, nil
 	}
 	var stored []byte
 	if err == nil && c.Fingerprint != nil {
@@ -312,18 +316,26 @@ func (s *Store) begin(ctx context.Context, stmt *sql.Stmt, c inboxdriver.Claim) 
 type claimTx struct {
 	tx     *sql.Tx
 	ticket poolgate.Ticket
+	watch  *time.Timer // on a pool of one
 }
 
 // Commit commits the transaction; database/sql's Commit takes no context.
 func (t *claimTx) Commit(context.Context) error {
-	defer t.ticket.Leave()
+	defer t.end()
 	return t.tx.Commit()
 }
 
 // Rollback rolls the transaction back.
 func (t *claimTx) Rollback(context.Context) error {
-	defer t.ticket.Leave()
+	defer t.end()
 	return t.tx.Rollback()
+}
+
+func (t *claimTx) end() {
+	if t.watch != nil {
+		t.watch.Stop()
+	}
+	t.ticket.Leave()
 }
 
 // Handle returns the [*sql.Tx] the handler writes through.

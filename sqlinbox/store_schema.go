@@ -28,9 +28,8 @@ const SchemaLockTimeout = time.Second
 var ErrLockTimeout = maintenance.ErrLockTimeout
 
 // SchemaSQL returns the DDL [Store.CreateSchema] runs, as one script, for
-// migration tools. Every statement is idempotent. It ends with the consumer
-// registry ([Store.RegistryTable]), which a table created by an earlier release
-// lacks: apply the script again, or that one CREATE TABLE.
+// migration tools. Every statement is idempotent. It ends with the lease
+// table ([Store.LeaseTable]).
 //
 // CreateSchema leaves an existing table as it is: to turn [Config.Fingerprints]
 // on for a table made without it, run [Store.AddFingerprintColumnSQL] once.
@@ -58,12 +57,11 @@ func (s *Store) SchemaStatements() []string { return slices.Clone(s.q.schema) }
 // Only PostgreSQL's form may run twice.
 func (s *Store) AddFingerprintColumnSQL() string { return s.q.addFingerprint + ";\n" }
 
-// CreateSchema creates the inbox table, its index and the consumer registry
-// ([Store.RegistryTable]) if they do not exist, and on a partitioned table the
+// CreateSchema creates the inbox table, its index and the lease table
+// ([Store.LeaseTable]) if they do not exist, and on a partitioned table the
 // partitions of the current period and the [SchemaPartitionsAhead] next ones.
 // It is safe to call on every start, from several instances at once, while
-// others claim and purge, and adds the registry beside a table an earlier
-// release created.
+// others claim and purge.
 //
 // On PostgreSQL it runs only the DDL of what is missing, and no statement
 // waits longer than [SchemaLockTimeout] for a table lock, so claims never

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 // forgetFixture has billing's claims e1..e5 (3 days old) and n1, n2 (an
@@ -198,7 +199,7 @@ func TestForgetReadOnlyUser(t *testing.T) {
 func TestForgetWaitsForAClaimInFlight(t *testing.T) {
 	test := func(t *testing.T, tg target, flags ...string) {
 		f := forgetFixture(t, tg, flags...)
-		tx, _, err := f.store.Claim(context.Background(), nil, "billing", "inflight", nil)
+		tx, _, err := f.store.Claim(context.Background(), inboxdriver.Claim{Consumer: "billing", EventID: "inflight"})
 		require.NoError(t, err)
 		require.NotNil(t, tx, "a new claim")
 		t.Cleanup(func() { _ = tx.Rollback(context.Background()) }) // before the table is dropped, if the test fails

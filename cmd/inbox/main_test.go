@@ -17,6 +17,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -182,7 +183,7 @@ func (f *fixture) rows(t testing.TB) map[string]int {
 // when the event would be processed.
 func (f *fixture) claim(t testing.TB, consumer, id string) bool {
 	t.Helper()
-	tx, _, err := f.store.Claim(context.Background(), nil, consumer, id, nil)
+	tx, _, err := f.store.Claim(context.Background(), inboxdriver.Claim{Consumer: consumer, EventID: id})
 	require.NoError(t, err)
 	if tx == nil {
 		return false

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -214,7 +215,7 @@ func TestSQLiteWaitsForTheWriteLock(t *testing.T) {
 			f.seed(t, "billing", 3*day, "old")
 
 			// A claim's transaction: SQLiteDSN's BEGIN takes the write lock.
-			tx, _, err := f.store.Claim(context.Background(), nil, "billing", "held", nil)
+			tx, _, err := f.store.Claim(context.Background(), inboxdriver.Claim{Consumer: "billing", EventID: "held"})
 			require.NoError(t, err)
 			require.NotNil(t, tx, "a new claim")
 			released := make(chan error, 1)

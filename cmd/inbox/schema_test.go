@@ -158,11 +158,11 @@ func TestSchemaFormats(t *testing.T) {
 	require.Contains(t, out, "-- +goose StatementBegin\nDO $$")
 	require.Contains(t, out, "END $$;\n-- +goose StatementEnd\n")
 	require.Equal(t, 1, strings.Count(out, "StatementBegin"), "only the DO block needs it")
-	require.True(t, strings.HasSuffix(out, "-- +goose Down\n"+dropWarning+"DROP TABLE IF EXISTS \"app\".\"inbox\";\nDROP TABLE IF EXISTS \"app\".\"inbox_consumers\";\n"), out)
+	require.True(t, strings.HasSuffix(out, "-- +goose Down\n"+dropWarning+"DROP TABLE IF EXISTS \"app\".\"inbox\";\nDROP TABLE IF EXISTS \"app\".\"inbox_leases\";\n"), out)
 
 	code, out, errOut = runCmd("schema", "-down", "-dialect", "mysql")
 	require.Equal(t, exitOK, code, errOut)
-	require.Equal(t, dropWarning+"DROP TABLE IF EXISTS `watermill_inbox`;\nDROP TABLE IF EXISTS `watermill_inbox_consumers`;\n", out)
+	require.Equal(t, dropWarning+"DROP TABLE IF EXISTS `watermill_inbox`;\nDROP TABLE IF EXISTS `watermill_inbox_leases`;\n", out)
 	code, out, errOut = runCmd("schema", "-down", "-add-fingerprint-column", "-dialect", "sqlite")
 	require.Equal(t, exitOK, code, errOut)
 	require.Equal(t, "ALTER TABLE \"watermill_inbox\" DROP COLUMN fingerprint;\n", out)

@@ -122,8 +122,8 @@ func Run(t *testing.T, target Target) {
 		{"PoisonQueueInsideAfterStatementError", testPoisonQueueInsideAfterStatementError},
 		{"UnusedTxReported", testUnusedTxReported},
 		{"FixedConsumerFromTwoHandlers", testFixedConsumerFromTwoHandlers},
-		{"ConsumerOwnedByAnotherService", testConsumerOwnedByAnotherService},
-		{"ConsumerRegistryMissing", testConsumerRegistryMissing},
+		{"ConsumerSharedByTwoServices", testConsumerSharedByTwoServices},
+		{"LeaseTableMissing", testLeaseTableMissing},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -19,8 +19,9 @@ import (
 
 // outcomes records every observed outcome, in order, from any goroutine.
 type outcomes struct {
-	mu  sync.Mutex
-	got []observe.Outcome
+	mu       sync.Mutex
+	got      []observe.Outcome
+	warnings []observe.Warning
 }
 
 func (o *outcomes) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
@@ -28,7 +29,21 @@ func (o *outcomes) Start(ctx context.Context) (context.Context, func(observe.Obs
 		o.mu.Lock()
 		defer o.mu.Unlock()
 		o.got = append(o.got, ob.Outcome)
+		o.warnings = append(o.warnings, ob.Warning)
 	}
+}
+
+// warned returns how many messages carried warning w.
+func (o *outcomes) warned(w observe.Warning) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, got := range o.warnings {
+		if got == w {
+			n++
+		}
+	}
+	return n
 }
 
 // count returns how many times outcome was observed.

@@ -40,7 +40,7 @@ func testSchemaIdempotent(t *testing.T, target Target) {
 	table := b.store.Table() + "_fresh"
 	t.Cleanup(func() {
 		_, _ = b.db.Exec("DROP TABLE IF EXISTS " + table)
-		_, _ = b.db.Exec("DROP TABLE IF EXISTS " + table + "_consumers")
+		_, _ = b.db.Exec("DROP TABLE IF EXISTS " + table + "_leases")
 	})
 	for range 4 {
 		wg.Go(func() {

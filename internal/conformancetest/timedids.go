@@ -2,7 +2,6 @@ package conformancetest
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
@@ -30,8 +29,9 @@ func timed(id string) string {
 	return testdb.UUIDv7(idTimeEpoch, id)
 }
 
-func (s timedIDs) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inboxdriver.Tx, []byte, error) {
-	return s.store.Claim(ctx, opts, consumer, timed(eventID), fingerprint)
+func (s timedIDs) Claim(ctx context.Context, c inboxdriver.Claim) (inboxdriver.Tx, []byte, error) {
+	c.EventID = timed(c.EventID)
+	return s.store.Claim(ctx, c)
 }
 
 // CheckEventID checks the id the store will see, and hands the middleware
@@ -59,11 +59,14 @@ func (s timedIDs) CountTxWrites(ctx context.Context, tx inboxdriver.Tx) (int64, 
 	return 0, false, nil
 }
 
-func (s timedIDs) RegisterConsumer(ctx context.Context, consumer, service string) (string, error) {
-	return s.store.(inboxdriver.ConsumerRegistry).RegisterConsumer(ctx, consumer, service)
+func (s timedIDs) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
+	return s.store.(inboxdriver.ConsumerRegistry).Heartbeat(ctx, h)
 }
 
-func (s timedIDs) ClaimPool() (any, int, int64) { return s.store.(inbox.ClaimPool).ClaimPool() }
+func (s timedIDs) IsUnavailable(err error) bool {
+	d, ok := s.store.(inboxdriver.UnavailableDetector)
+	return ok && d.IsUnavailable(err)
+}
 
 // timed wraps store in timedIDs on an EventIDTime target.
 func (b *bundle) timed(store inboxdriver.Store) inboxdriver.Store {

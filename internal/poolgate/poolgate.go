@@ -47,6 +47,9 @@ func (g *Gate) Enter(ctx context.Context, poolSize func() int) (Ticket, error) {
 	return Ticket{g: g, limit: limit}, nil
 }
 
+// Size is the pool size the gate last read, 0 for no limit.
+func (g *Gate) Size() int { return int(g.size.Load()) }
+
 // Ticket is one claim's place in its [Gate].
 type Ticket struct {
 	g     *Gate

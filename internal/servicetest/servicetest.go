@@ -34,6 +34,7 @@ const HandlerName = "handle_orders"
 type Report struct {
 	Service   string         // the service's name, as the registry records it
 	Outcomes  map[string]int // messages per observe.Outcome
+	Warnings  map[string]int // messages per observe.Warning
 	FirstErr  string         // the error of the first message that failed
 	Processed []string       // event ids processed
 }
@@ -55,6 +56,7 @@ func run() error {
 		effects  = flag.String("effects", "", "table (consumer, event_id) the handler inserts into")
 		consumer = flag.String("consumer", "", "inbox.Config.Consumer; empty: the handler name")
 		events   = flag.Int("events", 3, "orders order-0, order-1, ... to consume")
+		pause    = flag.Duration("pause", 0, "how long to wait after the first order, for the lease's first heartbeat")
 	)
 	flag.Parse()
 	ctx := context.Background()
@@ -73,7 +75,7 @@ func run() error {
 	}
 	insert := fmt.Sprintf("INSERT INTO %s (consumer, event_id) VALUES (%s, %s)", *effects, param(ph, 1), param(ph, 2))
 
-	rep := &report{Report: Report{Outcomes: map[string]int{}}}
+	rep := &report{Report: Report{Outcomes: map[string]int{}, Warnings: map[string]int{}}}
 	mw, err := inbox.NewMiddleware(inbox.Config{
 		Store:    store,
 		Consumer: *consumer,
@@ -111,6 +113,9 @@ func run() error {
 		msg.Metadata.Set(inbox.DefaultEventIDMetadataKey, fmt.Sprintf("order-%d", i))
 		if err := ps.Publish("orders", msg); err != nil {
 			return err
+		}
+		if i == 0 {
+			time.Sleep(*pause)
 		}
 	}
 	if err := router.Close(); err != nil {
@@ -171,6 +176,9 @@ func (r *report) Start(ctx context.Context) (context.Context, func(observe.Obser
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.Outcomes[string(ob.Outcome)]++
+		if ob.Warning != "" {
+			r.Warnings[string(ob.Warning)]++
+		}
 		if ob.Err != nil && r.FirstErr == "" && !errors.Is(ob.Err, context.Canceled) {
 			r.FirstErr = ob.Err.Error()
 		}
@@ -183,7 +191,7 @@ func (r *report) processed(id string) {
 	r.Processed = append(r.Processed, id)
 }
 
-// serviceName is the name the registry records for this program when
+// serviceName is the name the lease table records for this program when
 // inbox.Config.Service is empty: its main package path.
 func serviceName() string {
 	info, _ := debug.ReadBuildInfo()

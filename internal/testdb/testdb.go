@@ -122,11 +122,11 @@ func Table(t testing.TB, db *sql.DB, prefix string) string {
 	return name
 }
 
-// drop drops an inbox table and the registry sqlinbox keeps beside it.
+// drop drops an inbox table and the lease table sqlinbox keeps beside it.
 func drop(db *sql.DB, table string) error {
 	_, err := db.Exec("DROP TABLE IF EXISTS " + table)
 	if err == nil {
-		_, err = db.Exec("DROP TABLE IF EXISTS " + table + "_consumers")
+		_, err = db.Exec("DROP TABLE IF EXISTS " + table + "_leases")
 	}
 	return err
 }

@@ -171,7 +171,7 @@ func Example_producedPublisherWatermillSQLv3() {
 	defer db.Close()
 	inboxTable, invoices := testdb.Name("inbox"), testdb.Name("invoices")
 	defer func() {
-		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + inboxTable + `, ` + inboxTable + `_consumers, "watermill_` + invoices + `", "watermill_offsets_` + invoices + `"`)
+		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + inboxTable + `, ` + inboxTable + `_leases, "watermill_` + invoices + `", "watermill_offsets_` + invoices + `"`)
 	}()
 	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: inboxTable})
 	check(err)

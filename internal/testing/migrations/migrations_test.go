@@ -22,6 +22,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -117,11 +118,11 @@ func (tg *target) requireWorks(t *testing.T, fingerprints bool) {
 	if fingerprints {
 		fp = []byte("fingerprint")
 	}
-	tx, _, err := store.Claim(ctx, nil, "billing", id, fp)
+	tx, _, err := store.Claim(ctx, inboxdriver.Claim{Consumer: "billing", EventID: id, Fingerprint: fp})
 	require.NoError(t, err)
 	require.NotNil(t, tx, "the first copy is claimed")
 	require.NoError(t, tx.Commit(ctx))
-	tx, _, err = store.Claim(ctx, nil, "billing", id, fp)
+	tx, _, err = store.Claim(ctx, inboxdriver.Claim{Consumer: "billing", EventID: id, Fingerprint: fp})
 	require.NoError(t, err)
 	require.Nil(t, tx, "the second copy is a duplicate")
 }
