@@ -114,18 +114,36 @@ func (g *publisherGuard) first(consumer string) bool {
 // foreignHandle names the database handle a watermill-sql publisher (v3,
 // v4) writes through when it is not tx, "" when it is tx or pub is another
 // kind of publisher. Only the publisher's db field is looked at, and what
-// watermill-sql's own adapters wrap there.
+// watermill-sql's own adapters wrap there; a publisher that embeds another
+// (a wrapper adding metrics or logs) is looked through.
 func foreignHandle(pub, tx any) string {
 	v := reflect.ValueOf(pub)
-	if v.Kind() != reflect.Pointer || v.IsNil() || !isWatermillSQL(v.Type().Elem()) || v.Type().Elem().Name() != "Publisher" {
-		return ""
+	for range 4 {
+		for v.Kind() == reflect.Interface || v.Kind() == reflect.Pointer {
+			if v.IsNil() {
+				return ""
+			}
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			return ""
+		}
+		if isWatermillSQL(v.Type()) && v.Type().Name() == "Publisher" {
+			if db := v.FieldByName("db"); db.IsValid() {
+				return handleIn(db, reflect.ValueOf(tx), 4)
+			}
+			return ""
+		}
+		embedded, ok := v.Type().FieldByName("Publisher")
+		if !ok || !embedded.Anonymous || embedded.Type != publisherType {
+			return ""
+		}
+		v = v.FieldByIndex(embedded.Index)
 	}
-	db := v.Elem().FieldByName("db")
-	if !db.IsValid() {
-		return ""
-	}
-	return handleIn(db, reflect.ValueOf(tx), 4)
+	return ""
 }
+
+var publisherType = reflect.TypeFor[message.Publisher]()
 
 func isWatermillSQL(t reflect.Type) bool {
 	return strings.HasPrefix(t.PkgPath(), "github.com/ThreeDotsLabs/watermill-sql/") && strings.HasSuffix(t.PkgPath(), "/pkg/sql")

@@ -26,7 +26,7 @@ func (f *fixture) claimTx(ctx context.Context, opts *sql.TxOptions, consumer, ev
 	if tx == nil {
 		return nil, false, err
 	}
-	return tx.(pgx.Tx), true, err
+	return tx.Handle().(pgx.Tx), true, err
 }
 
 func (f *fixture) claim(t *testing.T, consumer, eventID string) bool {

@@ -193,16 +193,12 @@ func run(brokerList, dsn string, orders int) error {
 }
 
 // outboxPublisher returns the inbox's ProducedPublisher: it writes to the
-// outbox in the inbox transaction of the handler's context. The forwarder
+// outbox in the transaction of the message's claim. The forwarder
 // envelope records the destination topic; the relay unwraps it and keeps
 // the message UUID. AutoInitializeSchema stays false: watermill-sql refuses
 // it in a transaction.
-func outboxPublisher(outboxTopic string) func(ctx context.Context) (message.Publisher, error) {
-	return func(ctx context.Context) (message.Publisher, error) {
-		tx, ok := inbox.TxFromContext(ctx)
-		if !ok {
-			return nil, inbox.ErrNotInInbox
-		}
+func outboxPublisher(outboxTopic string) func(tx *sql.Tx) (message.Publisher, error) {
+	return func(tx *sql.Tx) (message.Publisher, error) {
 		return outboxPublisherIn(tx, outboxTopic)
 	}
 }
@@ -232,7 +228,7 @@ func newConsumer(db *sql.DB, inboxTable string, crashEvery int64) (*consumer, er
 type handlerFunc func(ctx context.Context, tx *sql.Tx, msg *message.Message) ([]*message.Message, error)
 
 func (c *consumer) router(name string, addrs []string, topic, publishTopic, group string,
-	producedPublisher func(context.Context) (message.Publisher, error), h handlerFunc,
+	producedPublisher func(tx *sql.Tx) (message.Publisher, error), h handlerFunc,
 ) (*message.Router, error) {
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:               addrs,
@@ -243,7 +239,7 @@ func (c *consumer) router(name string, addrs []string, topic, publishTopic, grou
 	if err != nil {
 		return nil, err
 	}
-	mw, err := inbox.NewMiddleware(inbox.Config{Store: c.store, ProducedPublisher: producedPublisher})
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: c.store, ProducedPublisher: inbox.PublishInTx(producedPublisher)})
 	if err != nil {
 		return nil, err
 	}

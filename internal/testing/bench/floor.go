@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -89,7 +90,7 @@ func (a *Admin) NewFloor(ctx context.Context, pgbench, dsn string, c sqlinbox.Co
 		return nil, err
 	}
 	claim := store.Maintenance().ClaimSQL()
-	args, err := claim.Args(Consumer, "00000000-0000-0000-0000-000000000000", nil)
+	args, err := claim.Args(inboxdriver.Claim{Consumer: Consumer, EventID: "00000000-0000-0000-0000-000000000000"})
 	if err != nil {
 		return nil, err
 	}

@@ -123,10 +123,7 @@ func (s *Service) Run(t testing.TB, sub message.Subscriber, topic string, rc Run
 	require.NoError(t, err)
 	config := inbox.Config{Store: s.Store, Observer: s}
 	if pp := rc.ProducedPublisher; pp != nil {
-		config.ProducedPublisher = func(ctx context.Context) (message.Publisher, error) {
-			tx, _ := inbox.TxFromContext(ctx)
-			return pp(tx)
-		}
+		config.ProducedPublisher = inbox.PublishInTx(pp)
 	}
 	if rc.Inbox != nil {
 		rc.Inbox(&config)

@@ -2,6 +2,7 @@ package loop_test
 
 import (
 	"context"
+	"database/sql"
 	stdsql "database/sql"
 	"errors"
 	"fmt"
@@ -186,10 +187,9 @@ func Example_producedPublisherWatermillSQLv3() {
 
 	mw, err := inbox.NewMiddleware(inbox.Config{
 		Store: store,
-		ProducedPublisher: func(ctx context.Context) (message.Publisher, error) {
-			tx, _ := inbox.TxFromContext(ctx)
+		ProducedPublisher: inbox.PublishInTx(func(tx *sql.Tx) (message.Publisher, error) {
 			return wsqlv3.NewPublisher(tx, wsqlv3.PublisherConfig{SchemaAdapter: wsqlv3.DefaultPostgreSQLSchema{}}, nil)
-		},
+		}),
 	})
 	check(err)
 	check(effects.InvoiceTwice(ctx, mw, invoices)) // one order, delivered twice

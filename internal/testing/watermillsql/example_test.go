@@ -2,6 +2,7 @@ package watermillsql_test
 
 import (
 	"context"
+	"database/sql"
 	stdsql "database/sql"
 	"fmt"
 
@@ -40,10 +41,9 @@ func Example_producedPublisher() {
 
 	mw, err := inbox.NewMiddleware(inbox.Config{
 		Store: store,
-		ProducedPublisher: func(ctx context.Context) (message.Publisher, error) {
-			tx, _ := inbox.TxFromContext(ctx) // the transaction of this message's claim
+		ProducedPublisher: inbox.PublishInTx(func(tx *sql.Tx) (message.Publisher, error) { // the claim's transaction
 			return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: schema}, nil)
-		},
+		}),
 	})
 	check(err)
 	check(effects.InvoiceTwice(ctx, mw, invoices)) // one order, delivered twice

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -71,13 +72,12 @@ func TestProducedPublisherOnThePgxPool(t *testing.T) {
 	schema := wsql.DefaultPostgreSQLSchema{}
 	for _, onTx := range []bool{true, false} {
 		store, _, topic := pgxOutbox(t, pool)
-		mw, err := inbox.NewMiddleware(inbox.Config{Store: store, ProducedPublisher: func(ctx context.Context) (message.Publisher, error) {
+		mw, err := inbox.NewMiddleware(inbox.Config{Store: store, ProducedPublisher: pgxinbox.PublishInTx(func(tx pgx.Tx) (message.Publisher, error) {
 			if !onTx {
 				return wsql.NewPublisher(wsql.BeginnerFromPgx(pool), wsql.PublisherConfig{SchemaAdapter: schema}, nil)
 			}
-			tx, _ := pgxinbox.TxFromContext(ctx)
 			return wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: schema}, nil)
-		}})
+		})})
 		require.NoError(t, err)
 		results := twoAttempts(t, mw, topic, func(*message.Message) ([]*message.Message, error) {
 			return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{}`))}, nil
@@ -90,7 +90,7 @@ func TestProducedPublisherOnThePgxPool(t *testing.T) {
 			continue
 		}
 		require.ErrorIs(t, results[0], inbox.ErrMiswired)
-		require.ErrorContains(t, results[0], "holds a *pgxpool.Pool and not the inbox transaction")
+		require.ErrorContains(t, results[0], "writes through a *pgxpool.Pool, not the inbox transaction")
 		require.Zero(t, rows)
 	}
 }

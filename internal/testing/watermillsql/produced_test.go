@@ -65,10 +65,11 @@ func commitFailer(t *testing.T, r *wsqltest.Rig) func(ctx context.Context, tx *s
 // The handler returns three messages; ProducedPublisher writes them to a
 // watermill-sql outbox; the first COMMIT fails after they were written,
 // and the redelivery is processed again. Built on the transaction, the
-// outbox holds them once. Built on the *sql.DB, its rows committed on
-// their own, so the redelivery wrote them again (6 rows for 3 messages):
-// such a publisher is now refused before it writes anything, on every
-// delivery, and nothing of the message commits.
+// outbox holds them once. Built on the *sql.DB, its rows would commit on
+// their own, and the redelivery write them again (6 rows for 3 messages):
+// a watermill-sql publisher there is proof of it, even wrapped, and is
+// refused before it writes anything, on every delivery, and nothing of the
+// message commits.
 func TestProducedPublisherOnTheDatabase(t *testing.T) {
 	t.Parallel()
 	for _, onTx := range []bool{true, false} {
@@ -79,8 +80,8 @@ func TestProducedPublisherOnTheDatabase(t *testing.T) {
 				var once sync.Once
 				mw, err := inbox.NewMiddleware(inbox.Config{
 					Store: r.Store(t),
-					ProducedPublisher: func(ctx context.Context) (message.Publisher, error) {
-						tx, _ := inbox.TxFromContext(ctx)
+					ProducedPublisher: inbox.PublishInTx(func(tx *sql.Tx) (message.Publisher, error) {
+						ctx := context.Background()
 						pub := r.Publisher(t)
 						if onTx {
 							var err error
@@ -92,7 +93,7 @@ func TestProducedPublisherOnTheDatabase(t *testing.T) {
 							once.Do(func() { err = failCommit(ctx, tx) })
 							return err
 						}}, nil
-					},
+					}),
 				})
 				require.NoError(t, err)
 				results := twoAttempts(t, mw, r.Topic, func(msg *message.Message) ([]*message.Message, error) {
@@ -116,7 +117,7 @@ func TestProducedPublisherOnTheDatabase(t *testing.T) {
 				}
 				for _, err := range results {
 					require.ErrorIs(t, err, inbox.ErrMiswired)
-					require.ErrorContains(t, err, "holds a *sql.DB and not the inbox transaction")
+					require.ErrorContains(t, err, "writes through a *sql.DB, not the inbox transaction")
 				}
 				require.Zero(t, r.Rows(t), "refused before it wrote anything")
 				require.Equal(t, wsqltest.Exactly(0), r.Outcome(t))
