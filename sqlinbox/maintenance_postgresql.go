@@ -114,9 +114,9 @@ CROSS JOIN LATERAL (SELECT event_id::text, %s FROM %s WHERE consumer = $1 AND ev
 }
 
 // pgUTC renders a timestamptz expression as UTC RFC 3339 text with
-// microseconds.
+// microseconds, whatever the session's DateStyle and TimeZone.
 func pgUTC(expr string) string {
-	return fmt.Sprintf(`to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`, expr)
+	return fmt.Sprintf(`to_char((%s) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`, expr)
 }
 
 func (postgresql) readOnly(err error) bool {
