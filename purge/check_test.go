@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
@@ -119,7 +121,7 @@ func TestMySQLTimestampColumn(t *testing.T) {
 	table := b.table
 	p := shortPurger(t, b.store, time.Hour)
 	err = refused(t, p)
-	require.ErrorContains(t, err, "processed_at is timestamp(6), want datetime(6)")
+	require.ErrorContains(t, err, "processed_at is timestamp(6), read in the session's time_zone -12:00, not UTC")
 	require.ErrorContains(t, err, "SET time_zone = '+00:00'; ALTER TABLE `"+table+"` MODIFY processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))")
 	require.True(t, b.has(t, "billing", "just-now"))
 
@@ -184,3 +186,202 @@ func handMade(t *testing.T, tg target, db *sql.DB, ddl string) *bundle {
 }
 
 var mysqlTarget, sqliteTarget = targets()[1], targets()[2]
+
+// mysqlAt opens the test MariaDB with every session at time_zone zone.
+func mysqlAt(t *testing.T, zone string) *sql.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(testdb.MySQLDSN())
+	require.NoError(t, err)
+	cfg.Params = map[string]string{"time_zone": "'" + zone + "'"}
+	return testdb.Open(t, "mysql", cfg.FormatDSN())
+}
+
+// pgDomain creates a domain over base, dropped when the test ends.
+func pgDomain(t *testing.T, db *sql.DB, base string) string {
+	t.Helper()
+	name := testdb.Name("purge_ts_domain")
+	_, err := db.Exec(fmt.Sprintf(`CREATE DOMAIN %s AS %s`, name, base))
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Exec(`DROP DOMAIN IF EXISTS ` + name + ` CASCADE`) })
+	return name
+}
+
+// timeColumnCase is a hand-made table whose processed_at has some type,
+// on a database whose sessions have some settings.
+type timeColumnCase struct {
+	name string
+	tg   target
+	open func(t *testing.T) *sql.DB
+	// column is processed_at's definition; it may name a domain made by
+	// domain (%[1]s, and %[2]s for a domain over that domain).
+	column string
+	domain string
+}
+
+func (c timeColumnCase) table(t *testing.T) *bundle {
+	db := c.open(t)
+	column := c.column
+	if c.domain != "" {
+		inner := pgDomain(t, db, c.domain)
+		column = fmt.Sprintf(column, inner, pgDomain(t, db, inner))
+	}
+	ddl := `CREATE TABLE %s (consumer text NOT NULL, event_id text NOT NULL, processed_at ` + column + `, PRIMARY KEY (consumer, event_id))`
+	switch c.tg.dialect {
+	case sqlinbox.MySQL:
+		ddl = "CREATE TABLE %s (consumer VARBINARY(255) NOT NULL, event_id VARBINARY(255) NOT NULL, processed_at " + column + ", PRIMARY KEY (consumer, event_id), KEY (processed_at)) ENGINE=InnoDB"
+	case sqlinbox.SQLite:
+		ddl = `CREATE TABLE %s (consumer TEXT NOT NULL, event_id TEXT NOT NULL, processed_at ` + column + `, PRIMARY KEY (consumer, event_id)) WITHOUT ROWID`
+	}
+	return handMade(t, c.tg, db, ddl)
+}
+
+func pgPool(t *testing.T) *sql.DB { return testdb.Postgres(t, "pgx") }
+
+func sqlitePool(t *testing.T) *sql.DB { return testdb.SQLite(t) }
+
+// The purge compares each of these time columns with its cutoff as it does
+// the schema's own: PostgreSQL timestamptz at any precision, the default
+// one spelled out, or a domain over it (over another); MariaDB DATETIME at
+// any precision whose default is UTC_TIMESTAMP, in a session at -12:00,
+// and, in a UTC session, DATETIME written by CURRENT_TIMESTAMP and
+// TIMESTAMP; SQLite text under any declared type. Each was refused with
+// ErrTableMismatch, which stopped retention; each is accepted, and a
+// round deletes the expired rows and no other.
+func TestTableCheckAcceptsEquivalentTimes(t *testing.T) {
+	t.Parallel()
+	const pgDefault, sqliteDefault = " NOT NULL DEFAULT now()", " NOT NULL DEFAULT (strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now'))"
+	west := func(t *testing.T) *sql.DB { return mysqlAt(t, "-12:00") }
+	utc := func(t *testing.T) *sql.DB { return mysqlAt(t, "+00:00") }
+	for _, c := range []timeColumnCase{
+		{name: "PostgreSQL/timestamptz(3)", tg: postgres, open: pgPool, column: "timestamptz(3)" + pgDefault},
+		{name: "PostgreSQL/timestamptz(0)", tg: postgres, open: pgPool, column: "timestamptz(0)" + pgDefault},
+		{name: "PostgreSQL/timestamp(6) with time zone", tg: postgres, open: pgPool, column: "timestamp(6) with time zone" + pgDefault},
+		{name: "PostgreSQL/domain", tg: postgres, open: pgPool, domain: "timestamptz", column: "%[1]s" + pgDefault},
+		{name: "PostgreSQL/domain over a domain", tg: postgres, open: pgPool, domain: "timestamptz(3)", column: "%[2]s" + pgDefault},
+		{name: "MariaDB/DATETIME(3) UTC at -12:00", tg: mysqlTarget, open: west, column: "DATETIME(3) NOT NULL DEFAULT (UTC_TIMESTAMP(3))"},
+		{name: "MariaDB/DATETIME UTC at -12:00", tg: mysqlTarget, open: west, column: "DATETIME NOT NULL DEFAULT (UTC_TIMESTAMP())"},
+		{name: "MariaDB/DATETIME(6) CURRENT_TIMESTAMP at UTC", tg: mysqlTarget, open: utc, column: "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"},
+		{name: "MariaDB/TIMESTAMP(6) at UTC", tg: mysqlTarget, open: utc, column: "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"},
+		{name: "SQLite/DATETIME", tg: sqliteTarget, open: sqlitePool, column: "DATETIME" + sqliteDefault},
+		{name: "SQLite/TIMESTAMP", tg: sqliteTarget, open: sqlitePool, column: "TIMESTAMP" + sqliteDefault},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := c.table(t)
+			b.seed(t, "billing", "expired-", 3, 3*time.Hour)
+			b.seed(t, "billing", "live-", 2, 30*time.Minute)
+			p := shortPurger(t, b.store, time.Hour)
+			counts, err := p.DryRun(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, map[string]int64{"billing": 3}, counts)
+			n, err := p.PurgeOnce(context.Background())
+			require.NoError(t, err)
+			require.EqualValues(t, 3, n, "the three rows older than the retention, no other")
+			for _, id := range []string{"just-now", "live-1", "live-2"} {
+				require.True(t, b.has(t, "billing", id), id)
+			}
+			require.Equal(t, map[string]int64{"billing": 3}, b.rows(t))
+		})
+	}
+}
+
+// What the purge would compare wrongly, deleting rows inside the
+// retention, is still refused, with nothing deleted: PostgreSQL timestamp
+// without time zone at any precision, or a domain over it; MariaDB
+// TIMESTAMP read in a session not at UTC, and DATETIME written by
+// CURRENT_TIMESTAMP in one; SQLite rows in another text form (also
+// TestSQLiteForeignTimeFormats).
+func TestTableCheckRefusesWhatDeletesLiveRows(t *testing.T) {
+	t.Parallel()
+	const pgDefault = " NOT NULL DEFAULT now()"
+	at := func(zone string) func(t *testing.T) *sql.DB {
+		return func(t *testing.T) *sql.DB { return mysqlAt(t, zone) }
+	}
+	for _, c := range []struct {
+		timeColumnCase
+		says string
+	}{
+		{timeColumnCase{name: "PostgreSQL/timestamp", tg: postgres, open: pgPool, column: "timestamp" + pgDefault}, "processed_at is timestamp without time zone"},
+		{timeColumnCase{name: "PostgreSQL/timestamp(3)", tg: postgres, open: pgPool, column: "timestamp(3)" + pgDefault}, "processed_at is timestamp(3) without time zone"},
+		{timeColumnCase{name: "PostgreSQL/domain over timestamp", tg: postgres, open: pgPool, domain: "timestamp", column: "%[1]s" + pgDefault}, "processed_at is timestamp without time zone"},
+		{timeColumnCase{name: "MariaDB/TIMESTAMP(6) at -12:00", tg: mysqlTarget, open: at("-12:00"), column: "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"}, "processed_at is timestamp(6), read in the session's time_zone -12:00"},
+		{timeColumnCase{name: "MariaDB/TIMESTAMP at +13:00", tg: mysqlTarget, open: at("+13:00"), column: "TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP"}, "processed_at is timestamp, read in the session's time_zone +13:00"},
+		{timeColumnCase{name: "MariaDB/DATETIME(6) CURRENT_TIMESTAMP at -12:00", tg: mysqlTarget, open: at("-12:00"), column: "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"}, "processed_at is datetime(6) with default current_timestamp(6), written in the session's time_zone -12:00"},
+		{timeColumnCase{name: "SQLite/datetime('now') text", tg: sqliteTarget, open: sqlitePool, column: "TEXT NOT NULL DEFAULT (datetime('now'))"}, "1 row has a processed_at the purge cannot compare"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := c.table(t)
+			if c.tg.dialect == sqlinbox.SQLite {
+				// The claim wrote the column's default; the seeds are in
+				// the purge's form.
+				b.seed(t, "billing", "expired-", 2, 3*time.Hour)
+			}
+			before := b.rows(t)
+			err := refused(t, shortPurger(t, b.store, time.Hour))
+			require.ErrorContains(t, err, c.says)
+			require.Equal(t, before, b.rows(t), "nothing deleted")
+			require.True(t, b.has(t, "billing", "just-now"))
+		})
+	}
+}
+
+// A role that may not read pg_attribute (a catalog hardened by REVOKE ...
+// FROM PUBLIC) cannot run the check. It proves nothing wrong, so the purge
+// goes on without it rather than stop retention: every round deletes the
+// expired rows, and one log line says the check could not run.
+func TestTableCheckUnreadableCatalog(t *testing.T) {
+	t.Parallel()
+	admin := testdb.Postgres(t, "pgx")
+	// The REVOKE is the database's own: another database keeps the test
+	// database's catalog readable for the other tests.
+	dbName, role := testdb.Name("purge_catalog"), testdb.Name("purge_role")
+	_, err := admin.Exec(`CREATE DATABASE ` + dbName)
+	require.NoError(t, err)
+	_, err = admin.Exec(`CREATE ROLE ` + role + ` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := admin.Exec(`DROP DATABASE ` + dbName + ` WITH (FORCE)`)
+		require.NoError(t, err)
+		_, err = admin.Exec(`DROP ROLE ` + role)
+		require.NoError(t, err)
+	})
+	u, err := url.Parse(testdb.PostgresDSN())
+	require.NoError(t, err)
+	u.Path = "/" + dbName
+	owner := testdb.Open(t, "pgx", u.String())
+	table := testdb.Name("purge")
+	ownerStore, err := sqlinbox.New(owner, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table})
+	require.NoError(t, err)
+	require.NoError(t, ownerStore.CreateSchema(context.Background()))
+	for _, stmt := range []string{
+		`REVOKE SELECT ON pg_catalog.pg_attribute FROM PUBLIC`,
+		fmt.Sprintf(`GRANT SELECT, DELETE ON %s TO %s`, table, role),
+	} {
+		_, err = owner.Exec(stmt)
+		require.NoError(t, err)
+	}
+	u.User = url.User(role)
+	db := testdb.Open(t, "pgx", u.String())
+	_, err = db.Exec(`SELECT count(*) FROM pg_attribute`)
+	require.ErrorContains(t, err, "permission denied", "the role cannot read the catalog")
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: table})
+	require.NoError(t, err)
+	b := &bundle{tg: postgres, db: owner, store: ownerStore, table: table}
+
+	logs := watermill.NewCaptureLogger()
+	p, err := purge.New(store, purge.Config{Retention: time.Hour, AllowShortRetention: true, BatchPause: time.Millisecond, Logger: logs})
+	require.NoError(t, err)
+	for round := range 2 {
+		b.seed(t, "billing", fmt.Sprintf("expired-%d-", round), 3, 3*time.Hour)
+		b.seed(t, "billing", fmt.Sprintf("live-%d-", round), 1, 30*time.Minute)
+		n, err := p.PurgeOnce(context.Background())
+		require.NoError(t, err, "round %d", round)
+		require.EqualValues(t, 3, n, "round %d", round)
+	}
+	require.Equal(t, map[string]int64{"billing": 2}, b.rows(t), "the live rows")
+	errs := logs.Captured()[watermill.ErrorLogLevel]
+	require.Len(t, errs, 1, "one line, not one per round: %+v", errs)
+	require.Equal(t, "Inbox purge cannot check its table's time column; purging without the check", errs[0].Msg)
+	require.ErrorContains(t, errs[0].Err, "permission denied for table pg_attribute")
+}

@@ -53,6 +53,9 @@ type Purger struct {
 	batch   int             // current batch size, shrunk after timeouts; guarded by running
 	blocked map[string]bool // partitions reported blocked, logged as errors once; guarded by running
 	checked bool            // the table passed CheckTable; guarded by running
+	// unchecked: a round went on without the check, which could not read
+	// what it needs, and said so (once); guarded by running.
+	unchecked bool
 }
 
 // New validates config and returns a [Purger] for store's table. It does not
@@ -150,15 +153,25 @@ func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 
 // checkTable verifies the table before the purger's first delete; a table
 // that fails is checked again next round, so a migration takes effect
-// without a restart.
+// without a restart. A check that cannot read what it needs (a catalog
+// this user may not read) proves nothing wrong: the round goes on without
+// it, said once per purger, and the next round tries again.
 func (p *Purger) checkTable(ctx context.Context, sess maintenance.PurgeSession) error {
 	if p.checked {
 		return nil
 	}
-	if err := sess.CheckTable(ctx); err != nil {
+	err := sess.CheckTable(ctx)
+	switch {
+	case err == nil:
+		p.checked = true
+	case errors.Is(err, maintenance.ErrUnchecked):
+		if !p.unchecked {
+			p.unchecked = true
+			p.config.Logger.Error("Inbox purge cannot check its table's time column; purging without the check", err, watermill.LogFields{"table": p.store.Table()})
+		}
+	default:
 		return fmt.Errorf("purge: %w", err)
 	}
-	p.checked = true
 	return nil
 }
 

@@ -139,7 +139,7 @@ type maintenanceQueries struct {
 	// partitioned: columns then tells whether the table exists.
 	kind string
 	// columns returns each column's name and type, spelled as in
-	// wantColumns.
+	// wantColumns; a PostgreSQL domain is its base type.
 	columns string
 	// primaryKey returns the primary key's columns in key order.
 	primaryKey string

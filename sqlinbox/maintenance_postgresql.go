@@ -48,8 +48,15 @@ FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s`
 		forgetDelete: func(n int) string {
 			return fmt.Sprintf(`DELETE FROM %s WHERE consumer = $1 AND event_id IN (%s) RETURNING %s`, table, ids(idType)(n), claim)
 		},
-		kind:    fmt.Sprintf(`SELECT relkind::text || COALESCE(' ' || pg_get_partkeydef(oid), '') FROM pg_class WHERE oid = %s`, reg),
-		columns: fmt.Sprintf(`SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, reg),
+		kind: fmt.Sprintf(`SELECT relkind::text || COALESCE(' ' || pg_get_partkeydef(oid), '') FROM pg_class WHERE oid = %s`, reg),
+		// A domain's values are its base type's, and so are their
+		// comparisons: domains (over domains) are resolved to it.
+		columns: fmt.Sprintf(`WITH RECURSIVE c(attnum, name, typ, mod) AS (
+	SELECT attnum, attname::text, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
+	UNION ALL
+	SELECT c.attnum, c.name, t.typbasetype, t.typtypmod FROM c JOIN pg_type t ON t.oid = c.typ WHERE t.typtype = 'd'
+)
+SELECT c.name, format_type(c.typ, c.mod) FROM c JOIN pg_type t ON t.oid = c.typ WHERE t.typtype <> 'd' ORDER BY c.attnum`, reg),
 		primaryKey: fmt.Sprintf(`SELECT a.attname::text FROM pg_index i
 	CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
 	JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
@@ -114,9 +121,9 @@ CROSS JOIN LATERAL (SELECT event_id::text, %s FROM %s WHERE consumer = $1 AND ev
 }
 
 // pgUTC renders a timestamptz expression as UTC RFC 3339 text with
-// microseconds.
+// microseconds, whatever the session's DateStyle and TimeZone.
 func pgUTC(expr string) string {
-	return fmt.Sprintf(`to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`, expr)
+	return fmt.Sprintf(`to_char((%s) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`, expr)
 }
 
 func (postgresql) readOnly(err error) bool {

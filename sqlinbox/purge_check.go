@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"regexp"
 	"strings"
+	"time"
 
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
@@ -13,9 +15,12 @@ import (
 // whose times the purge would compare wrongly.
 type purgeCheckDialect interface {
 	// timeTypeProblem says why the purge refuses a time column of type
-	// found where want is needed, and how to migrate it; "" when the
-	// column's type does not decide (SQLite: the values' form does).
-	timeTypeProblem(t tableName, column, found, want string) string
+	// found (domains resolved) where want is needed, and how to migrate;
+	// "" when the purge compares it as it compares want (a precision, a
+	// domain), or when the type does not decide (SQLite: the values' form
+	// does). conn is the purge's connection, whose session the purge's
+	// comparisons run in.
+	timeTypeProblem(ctx context.Context, conn *sql.Conn, t tableName, column, found, want string) (string, error)
 	// foreignTimes, when not "", counts the rows whose time is not in the
 	// form the purge compares and returns the smallest such value.
 	foreignTimes(t tableName, column string) string
@@ -34,7 +39,9 @@ func purgeTimeColumn(c Config) string {
 }
 
 // CheckTable implements [maintenance.PurgeSession] with the column checks of
-// inbox check (Check's columns query and wanted types).
+// inbox check (Check's columns query and wanted types). It refuses a table
+// only on proof that the purge would delete rows inside the retention; what
+// it cannot read leaves the table unchecked ([maintenance.ErrUnchecked]).
 func (p *purgeSession) CheckTable(ctx context.Context) error {
 	md, ok := p.s.dialect.(maintenanceDialect)
 	pc, checks := p.s.dialect.(purgeCheckDialect)
@@ -44,21 +51,25 @@ func (p *purgeSession) CheckTable(ctx context.Context) error {
 	q := md.maintenanceQueries(p.s.table, p.s.config)
 	cols, err := columns(ctx, p.conn, q)
 	if err != nil {
-		return p.fail(ctx, "checking the columns of", err)
+		return p.unchecked(ctx, "reading the columns of", err)
 	}
 	if len(cols) == 0 {
 		// Checked again next round, once it exists.
 		return fmt.Errorf("sqlinbox: purging %s: the inbox table does not exist, run Store.CreateSchema or apply Store.SchemaSQL", p.s.table)
 	}
 	col := purgeTimeColumn(p.s.config)
-	found, _ := typeOf(cols, col)
-	if want := q.wantColumns[col]; found != want {
-		if found == "" {
-			return fmt.Errorf("sqlinbox: purging %s: %w: it has no %s column, so it is not an inbox table this configuration describes (inbox check says what differs)", p.s.table, maintenance.ErrTableMismatch, col)
-		}
-		if problem := pc.timeTypeProblem(p.s.table, col, found, want); problem != "" {
-			return fmt.Errorf("sqlinbox: purging %s: %w: %s", p.s.table, maintenance.ErrTableMismatch, problem)
-		}
+	found, ok := typeOf(cols, col)
+	if !ok {
+		return fmt.Errorf("sqlinbox: purging %s: %w: it has no %s column, so it is not an inbox table this configuration describes (inbox check says what differs)", p.s.table, maintenance.ErrTableMismatch, col)
+	}
+	// Asked even of the wanted type: a MySQL DATETIME(6) holds UTC only
+	// when its default or the session says so.
+	problem, err := pc.timeTypeProblem(ctx, p.conn, p.s.table, col, found, q.wantColumns[col])
+	if err != nil {
+		return p.unchecked(ctx, "reading the time column of", err)
+	}
+	if problem != "" {
+		return fmt.Errorf("sqlinbox: purging %s: %w: %s", p.s.table, maintenance.ErrTableMismatch, problem)
 	}
 	if query := pc.foreignTimes(p.s.table, col); query != "" {
 		var (
@@ -66,7 +77,7 @@ func (p *purgeSession) CheckTable(ctx context.Context) error {
 			example sql.NullString
 		)
 		if err := p.conn.QueryRowContext(ctx, query).Scan(&n, &example); err != nil {
-			return p.fail(ctx, "checking the times of", err)
+			return p.unchecked(ctx, "checking the times of", err)
 		}
 		if n > 0 {
 			return fmt.Errorf("sqlinbox: purging %s: %w: %s", p.s.table, maintenance.ErrTableMismatch, pc.foreignTimesProblem(p.s.table, col, n, example.String))
@@ -75,29 +86,84 @@ func (p *purgeSession) CheckTable(ctx context.Context) error {
 	return nil
 }
 
-func (postgresql) timeTypeProblem(t tableName, column, found, want string) string {
+// unchecked wraps the error of a check that could not read what it needs
+// with [maintenance.ErrUnchecked]; a cancelled context stays an error of
+// the round.
+func (p *purgeSession) unchecked(ctx context.Context, doing string, err error) error {
+	if ctx.Err() != nil {
+		return p.fail(ctx, doing, err)
+	}
+	return fmt.Errorf("sqlinbox: %s %s: %w: %w", doing, p.s.table, maintenance.ErrUnchecked, p.s.dialect.classify(err))
+}
+
+// pgTimestamptz matches timestamptz at any precision, as format_type
+// spells it: the purge compares every one with now() alike.
+var pgTimestamptz = regexp.MustCompile(`^timestamp(\([0-6]\))? with time zone$`)
+
+func (postgresql) timeTypeProblem(_ context.Context, _ *sql.Conn, t tableName, column, found, want string) (string, error) {
+	if pgTimestamptz.MatchString(found) {
+		return "", nil
+	}
 	why := "the purge compares it with now() minus the retention"
 	using := column + "::timestamptz"
-	if found == "timestamp without time zone" {
+	if strings.HasPrefix(found, "timestamp") && strings.HasSuffix(found, "without time zone") {
 		why = "a timestamp without time zone is compared with now() in each session's TimeZone, so the purge's cutoff moves by the session's offset and rows inside the retention can go"
 		using = column + " AT TIME ZONE 'UTC'"
 	}
 	return fmt.Sprintf("%s is %s, want %s: %s. Migrate (USING reads the values as UTC; name their zone if they were written in another): ALTER TABLE %s ALTER COLUMN %s TYPE timestamptz USING %s",
-		column, found, want, why, t.quoted('"'), column, using)
+		column, found, want, why, t.quoted('"'), column, using), nil
 }
 
 func (postgresql) foreignTimes(tableName, string) string { return "" }
 
 func (postgresql) foreignTimesProblem(tableName, string, int64, string) string { return "" }
 
-func (mysqlDialect) timeTypeProblem(t tableName, column, found, want string) string {
-	why := "the purge compares it with UTC_TIMESTAMP(6) minus the retention, as a DATETIME(6) in UTC"
-	migrate := fmt.Sprintf("ALTER TABLE %s MODIFY %s DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)), its values in UTC", t.quoted('`'), column)
-	if strings.HasPrefix(found, "timestamp") {
-		why = "a TIMESTAMP is converted to and from each session's time_zone, so compared with UTC_TIMESTAMP(6) a row looks older or younger by the session's offset: with a session at '-12:00' the purge deletes rows claimed moments ago"
-		migrate = fmt.Sprintf("in a session at UTC, which keeps each row's instant: SET time_zone = '+00:00'; ALTER TABLE %s MODIFY %s DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))", t.quoted('`'), column)
+// mysqlSessionUTC is true in a session whose time_zone is UTC all year
+// (an offset, a named zone, or SYSTEM on a server in UTC): it reads a
+// winter and a summer time as the UTC instants they spell.
+var mysqlSessionUTC = fmt.Sprintf("UNIX_TIMESTAMP('2026-01-15 12:00:00') = %d AND UNIX_TIMESTAMP('2026-07-15 12:00:00') = %d",
+	time.Date(2026, 1, 15, 12, 0, 0, 0, time.UTC).Unix(), time.Date(2026, 7, 15, 12, 0, 0, 0, time.UTC).Unix())
+
+// mysqlDatetime matches DATETIME at any precision.
+var mysqlDatetime = regexp.MustCompile(`^datetime(\([0-6]\))?$`)
+
+// timeTypeProblem accepts what compares with UTC_TIMESTAMP(6) as the
+// instant it holds: a DATETIME whose default is UTC_TIMESTAMP (the claims
+// write the default), and, in a session at UTC, any DATETIME or TIMESTAMP
+// (a TIMESTAMP reads back in the session's time_zone, a DATETIME written by
+// NOW() holds it). Elsewhere a row looks older or younger by the session's
+// offset: at -12:00 the purge deleted rows claimed moments ago.
+func (d mysqlDialect) timeTypeProblem(ctx context.Context, conn *sql.Conn, t tableName, column, found, want string) (string, error) {
+	datetime, timestamp := mysqlDatetime.MatchString(found), strings.HasPrefix(found, "timestamp")
+	if !datetime && !timestamp {
+		return fmt.Sprintf("%s is %s, want %s: the purge compares it with UTC_TIMESTAMP(6) minus the retention. Migrate: ALTER TABLE %s MODIFY %s DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)), its values in UTC",
+			column, found, want, t.quoted('`'), column), nil
 	}
-	return fmt.Sprintf("%s is %s, want %s: %s. Migrate %s", column, found, want, why, migrate)
+	var (
+		def  sql.NullString
+		utc  bool
+		zone string
+	)
+	schema := "DATABASE()"
+	if t.schema != "" {
+		schema = "'" + t.schema + "'"
+	}
+	err := conn.QueryRowContext(ctx, fmt.Sprintf("SELECT (SELECT column_default FROM information_schema.columns WHERE table_schema = %s AND table_name = '%s' AND column_name = '%s'), %s, @@session.time_zone",
+		schema, t.name, column, mysqlSessionUTC)).Scan(&def, &utc, &zone)
+	if err != nil {
+		return "", err
+	}
+	if utc || (datetime && strings.HasPrefix(strings.ToLower(def.String), "utc_timestamp")) {
+		return "", nil
+	}
+	if timestamp {
+		return fmt.Sprintf("%s is %s, read in the session's time_zone %s, not UTC, so rows look older or younger by its offset. Set time_zone='+00:00' in the DSN, or migrate in a UTC session: SET time_zone = '+00:00'; ALTER TABLE %s MODIFY %s DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))",
+			column, found, zone, t.quoted('`'), column), nil
+	}
+	// Not "set time_zone in the DSN": the rows written so far would stay
+	// in the old zone.
+	return fmt.Sprintf("%s is %s with default %s, written in the session's time_zone %s, not UTC, so rows look older or younger by its offset. Migrate, claims stopped: UPDATE %s SET %s = CONVERT_TZ(%s, '%s', '+00:00'); ALTER TABLE %s MODIFY %s %s NOT NULL DEFAULT (UTC_TIMESTAMP(6))",
+		column, found, orNone(def.String), zone, t.quoted('`'), column, column, zone, t.quoted('`'), column, strings.ToUpper(found)), nil
 }
 
 func (mysqlDialect) foreignTimes(tableName, string) string { return "" }
@@ -117,7 +183,9 @@ func sqliteCanonicalTime(column string) string {
 }
 
 // SQLite's column types are affinities: what decides is each value's form.
-func (sqlite) timeTypeProblem(tableName, string, string, string) string { return "" }
+func (sqlite) timeTypeProblem(context.Context, *sql.Conn, tableName, string, string, string) (string, error) {
+	return "", nil
+}
 
 // foreignTimes reads the processed_at index once through (0.5 to 0.8 s
 // per million rows on two busy cores).

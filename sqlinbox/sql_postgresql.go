@@ -172,11 +172,14 @@ func pgDDLErr(err error) error {
 	return err
 }
 
-// pgNow returns the database clock minus ago, in UTC.
+// pgNow returns the database clock minus ago, in UTC. It is read as text
+// the query formats (pgUTC), not scanned as a timestamptz: lib/pq reads
+// results as text, which the session's DateStyle spells ("02/12/2026
+// 20:50:58.2 +14" with SQL, DMY) and lib/pq cannot parse.
 func pgNow(ctx context.Context, db rowQuerier, ago time.Duration) (time.Time, error) {
-	var at time.Time
-	if err := db.QueryRowContext(ctx, `SELECT now() - $1::float8 * interval '1 microsecond'`, ago.Microseconds()).Scan(&at); err != nil {
+	var text string
+	if err := db.QueryRowContext(ctx, `SELECT `+pgUTC(`now() - $1::float8 * interval '1 microsecond'`), ago.Microseconds()).Scan(&text); err != nil {
 		return time.Time{}, err
 	}
-	return at.UTC(), nil
+	return parseTime(text)
 }

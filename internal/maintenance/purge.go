@@ -20,6 +20,11 @@ var ErrPurgeTimeout = errors.New("purge statement timed out")
 // (SQLite) rows whose time is text in another form. Nothing was deleted.
 var ErrTableMismatch = errors.New("the purge refuses this table")
 
+// ErrUnchecked means [PurgeSession.CheckTable] could not read what it needs
+// (a catalog the user may not read): it proved nothing wrong, so the purge
+// goes on without the check rather than stop retention.
+var ErrUnchecked = errors.New("the purge could not check this table")
+
 // ErrLockTimeout means DDL (creating or dropping a partition, creating the
 // table's index) did not get its table lock within the lock timeout, so as
 // not to keep claims queued behind it; nothing was changed. It is not
@@ -79,11 +84,15 @@ type PurgeScope struct {
 type PurgeSession interface {
 	// CheckTable verifies, before anything is deleted, that the purge
 	// compares the table's times correctly: the time column's type
-	// (PostgreSQL timestamptz, MySQL DATETIME(6)), and on SQLite that every
-	// row's time is text in the one form that sorts as time. A table that
-	// fails returns an error wrapping [ErrTableMismatch] that says what is
-	// wrong and how to migrate. It reads the catalog (on SQLite the
-	// processed_at index, once through), so the purge runs it once.
+	// (PostgreSQL timestamptz of any precision, or a domain over it; MySQL
+	// DATETIME of any precision holding UTC, or TIMESTAMP in a UTC
+	// session), and on SQLite that every row's time is text in the one form
+	// that sorts as time. It refuses only a table on which the purge would
+	// delete rows inside the retention: the error wraps [ErrTableMismatch]
+	// and says what is wrong and how to migrate. When it cannot read what
+	// it needs, the error wraps [ErrUnchecked]. It reads the catalog (on
+	// SQLite the processed_at index, once through), so the purge runs it
+	// once.
 	CheckTable(ctx context.Context) error
 
 	// DeleteBatch deletes at most limit rows of scope, oldest first, in one
