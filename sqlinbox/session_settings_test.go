@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
@@ -142,7 +143,7 @@ func TestOddSessionSettingsPostgreSQL(t *testing.T) {
 					cfg := sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Partitioning: l.mode, PartitionKey: l.key}
 					var db *sql.DB
 					var store sessionStore
-					var mwStore inbox.Store
+					var mwStore inboxdriver.Store
 					if drv == "pgxpool" {
 						pc, err := pgxpool.ParseConfig(testdb.PostgresDSN())
 						require.NoError(t, err)
