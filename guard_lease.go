@@ -31,7 +31,7 @@ import (
 // fails. A lease ends leaseTTL after its process stopped claiming, so a
 // rename or a test is forgotten within a minute.
 const (
-	leaseTTL   = time.Minute
+	leaseTTL   = inboxdriver.LeaseTTL
 	leaseRenew = 20 * time.Second
 	leaseRetry = time.Minute // after a failed heartbeat
 )
@@ -97,17 +97,32 @@ func (g *leaseGuard) lease(consumer string) *lease {
 	return l
 }
 
-// beat renews the lease, with this process's warnings for the consumer.
+// beat renews the lease, with this process's warnings for the consumer,
+// again while warnings arrived during a renewal.
 func (g *leaseGuard) beat(e *engine, consumer string, l *lease) {
 	defer l.beating.Store(false)
+	sent := ""
+	for first := true; first || l.pending() != sent; first = false {
+		sent = l.pending()
+		if !g.renew(e, consumer, l, sent) {
+			return
+		}
+	}
+}
+
+// pending is the warnings the lease is to carry.
+func (l *lease) pending() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.warnings, ",")
+}
+
+func (g *leaseGuard) renew(e *engine, consumer string, l *lease, warnings string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	g.mu.RLock()
 	first := l.first
 	g.mu.RUnlock()
-	l.mu.Lock()
-	warnings := strings.Join(l.warnings, ",")
-	l.mu.Unlock()
 	others, err := g.registry.Heartbeat(ctx, inboxdriver.Heartbeat{
 		Consumer: consumer, Service: e.config.Service, Instance: g.instance,
 		Warnings: warnings, Lease: leaseTTL, First: first,
@@ -115,7 +130,7 @@ func (g *leaseGuard) beat(e *engine, consumer string, l *lease) {
 	if err != nil {
 		l.due.Store(time.Now().Add(leaseRetry).UnixNano())
 		e.unchecked("shared consumer", consumer, err)
-		return
+		return false
 	}
 	g.mu.Lock()
 	l.first = false
@@ -123,6 +138,7 @@ func (g *leaseGuard) beat(e *engine, consumer string, l *lease) {
 	joined := strings.Join(others, ", ")
 	l.others.Store(&joined)
 	l.due.Store(time.Now().Add(leaseRenew).UnixNano())
+	return true
 }
 
 // noteWarning records a warning in the consumer's lease, and renews it now

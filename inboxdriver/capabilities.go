@@ -64,6 +64,10 @@ type ConsumerRegistry interface {
 	Heartbeat(ctx context.Context, h Heartbeat) (others []string, err error)
 }
 
+// LeaseTTL is how long the middleware's lease on a consumer lives after its
+// last renewal: a process that stopped claiming is forgotten after it.
+const LeaseTTL = time.Minute
+
 // Heartbeat is one renewal of a process's lease on a consumer.
 type Heartbeat struct {
 	Consumer, Service, Instance string

@@ -69,7 +69,7 @@ func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
 		return nil, fmt.Errorf("pgxinbox: invalid config: pgx speaks PostgreSQL, not %s", config.Dialect)
 	}
 	if mode := pool.Config().ConnConfig.DefaultQueryExecMode; config.TransactionPooling && !poolerSafe(mode) {
-		return nil, fmt.Errorf("pgxinbox: invalid config: TransactionPooling is set, but the pool's default query exec mode (%s) relies on the server connection of one statement serving the next, which a transaction-pooling proxy does not give: add default_query_exec_mode=exec to the DSN (or set ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec), see docs/poolers.md", mode)
+		return nil, fmt.Errorf("pgxinbox: invalid config: TransactionPooling needs an exec mode a pooler keeps, not %s: add default_query_exec_mode=exec to the DSN (docs/poolers.md)", mode)
 	}
 	maxConns := int(pool.Config().MaxConns)
 	if maxConns < 2 {

@@ -148,5 +148,6 @@ func ExampleRules() {
 	// - alert: WatermillInboxStaleEvents
 	// - alert: WatermillInboxEventIDReused
 	// - alert: WatermillInboxMiswired
+	// - alert: WatermillInboxSuspectedMiswiring
 	// - alert: WatermillInboxUnkeyedMessages
 }

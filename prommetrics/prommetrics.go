@@ -46,6 +46,7 @@ type Metrics struct {
 	messages     *prometheus.CounterVec
 	stale        *prometheus.CounterVec
 	hookFailures *prometheus.CounterVec
+	warnings     *prometheus.CounterVec
 	claim        *prometheus.HistogramVec
 	duration     *prometheus.HistogramVec
 	purgeRounds  *prometheus.CounterVec
@@ -97,6 +98,11 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 			Name:      "after_commit_failures_total",
 			Help:      "Processed messages whose inbox.AfterCommit hooks failed or panicked after the commit, by consumer: those hooks' effects are lost.",
 		}, []string{"consumer"}),
+		warnings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "warnings_total",
+			Help:      "Messages processed while the inbox suspected the consumer's wiring, by consumer and warning (tx_unused, wrong_accessor, publisher_outside_tx, shared_consumer, unchecked); each warning is logged once per process.",
+		}, []string{"consumer", "warning"}),
 		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace,
 			Name:      "claim_duration_seconds",
@@ -131,7 +137,7 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 			Help:      "Partitions the last purge round of the table could not create, because the default partition holds rows of their period (events dated ahead of the clock, on a table partitioned by event time): claims of those periods land in the default partition.",
 		}, []string{"table"}),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.stale, m.hookFailures, m.claim, m.duration, m.purgeRounds, m.purgeDeleted, m.purgeTime, m.blocked} {
+	for _, c := range []prometheus.Collector{m.messages, m.stale, m.hookFailures, m.warnings, m.claim, m.duration, m.purgeRounds, m.purgeDeleted, m.purgeTime, m.blocked} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("prommetrics: registering inbox metrics: %w", err)
 		}
@@ -152,6 +158,9 @@ func (m *Metrics) observe(ob observe.Observation) {
 	}
 	if ob.AfterCommitErr != nil {
 		m.hookFailures.WithLabelValues(ob.Consumer).Inc()
+	}
+	if ob.Warning != "" {
+		m.warnings.WithLabelValues(ob.Consumer, string(ob.Warning)).Inc()
 	}
 	m.duration.WithLabelValues(ob.Consumer, outcome).Observe(ob.Duration.Seconds())
 	if !ob.ClaimStart.IsZero() {

@@ -50,9 +50,10 @@ func (p *Purger) reportBlocked(blocked []maintenance.Partition, complete bool) {
 			p.config.Logger.Info("Inbox partition still not created: the default partition holds rows of its period", fields)
 			continue
 		}
-		p.config.Logger.Error("Inbox partition not created: the default partition already holds rows of its period "+
-			"(events dated ahead of the clock, on a table partitioned by event time; claims made while no partition covered it, on one partitioned by processed_at), "+
-			"so every claim of the period lands there too, purged row by row. inbox check lists those rows; inbox schema -apply moves them into the partition", errPartitionBlocked, fields)
+		// Events dated ahead of the clock (partitioned by event time), or
+		// claims made while no partition covered the period (by
+		// processed_at): every claim of the period lands there too.
+		p.config.Logger.Error("Inbox partition not created: the default partition holds rows of its period; inbox check lists them, inbox schema -apply moves them", errPartitionBlocked, fields)
 	}
 	if !complete {
 		maps.Copy(seen, p.blocked) // a partial list: forget none

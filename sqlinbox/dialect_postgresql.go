@@ -76,4 +76,4 @@ func (postgresql) classify(err error) error {
 
 // errPooler explains a prepared statement PostgreSQL lost between two
 // statements of one client connection.
-var errPooler = errors.New("a transaction-pooling proxy (PgBouncer pool_mode=transaction before 1.21) gave this connection another server connection between two statements: set sqlinbox.Config.TransactionPooling, and in the DSN binary_parameters=yes with lib/pq or default_query_exec_mode=exec with pgx (see docs/poolers.md)")
+var errPooler = errors.New("a transaction-pooling proxy switched server connections between two statements: set sqlinbox.Config.TransactionPooling and the DSN's setting (docs/poolers.md)")

@@ -1,6 +1,13 @@
 package sqlinbox
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/internal/maintenance"
+)
 
 // leaseSuffix names the lease table beside the inbox table:
 // "watermill_inbox_leases".
@@ -89,4 +96,86 @@ ON CONFLICT (consumer, service, instance) DO UPDATE SET seen_at = excluded.seen_
 		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, (julianday('now') - julianday(seen_at)) * 86400.0 FROM %s ORDER BY consumer, service, instance`, table),
 		drop:   `DROP TABLE IF EXISTS ` + table,
 	}
+}
+
+// LeaseTable returns the lease table's name: the inbox table's with the
+// suffix "_leases", in the same schema. Each process claiming for a
+// consumer renews a row there, so that the inbox check command can tell
+// two services claiming with one consumer.
+func (s *Store) LeaseTable() string { return s.table.derived(leaseSuffix).String() }
+
+// Heartbeat implements [inboxdriver.ConsumerRegistry]: it renews h's lease
+// and lists the other services with a live lease on h.Consumer. Statements
+// outside any transaction, so that the list sees the leases of services
+// that renewed concurrently.
+func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
+	q := s.q.leases
+	if h.First {
+		if _, err := s.db.ExecContext(ctx, q.expire, h.Consumer); err != nil {
+			return nil, s.leaseErr(err)
+		}
+	}
+	if _, err := s.db.ExecContext(ctx, q.renew, h.Consumer, h.Service, h.Instance, h.Warnings); err != nil {
+		return nil, s.leaseErr(err)
+	}
+	rows, err := s.db.QueryContext(ctx, q.others, h.Consumer, h.Service, int64(h.Lease/time.Second))
+	if err != nil {
+		return nil, s.leaseErr(err)
+	}
+	defer rows.Close()
+	var others []string
+	for rows.Next() {
+		var service string
+		if err := rows.Scan(&service); err != nil {
+			return nil, s.leaseErr(err)
+		}
+		others = append(others, service)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.leaseErr(err)
+	}
+	return others, nil
+}
+
+// leaseErr names the lease table and what to run when it is missing.
+func (s *Store) leaseErr(err error) error {
+	return fmt.Errorf("sqlinbox: renewing a lease in %s (Store.CreateSchema creates it): %w", s.LeaseTable(), s.dialectErr(s.dialect.classify(err)))
+}
+
+// Leases implements [maintenance.Store]. A table made before the lease
+// table has none: no lease, not an error, so that inbox check reports the
+// missing table through its columns check instead of failing here.
+func (m maintainer) Leases(ctx context.Context) ([]maintenance.Lease, error) {
+	s := m.s
+	rows, err := s.db.QueryContext(ctx, s.q.leases.list)
+	if err != nil {
+		if exists, cerr := m.leaseTableExists(ctx); cerr == nil && !exists {
+			return nil, nil
+		}
+		return nil, m.fail("reading the leases", err)
+	}
+	defer rows.Close()
+	var leases []maintenance.Lease
+	for rows.Next() {
+		var l maintenance.Lease
+		var age float64
+		if err := rows.Scan(&l.Consumer, &l.Service, &l.Instance, &l.Warnings, &age); err != nil {
+			return nil, m.fail("reading the leases", err)
+		}
+		l.Age = time.Duration(age * float64(time.Second))
+		leases = append(leases, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, m.fail("reading the leases", err)
+	}
+	return leases, nil
+}
+
+func (m maintainer) leaseTableExists(ctx context.Context) (bool, error) {
+	md, ok := m.s.dialect.(maintenanceDialect)
+	if !ok {
+		return true, nil
+	}
+	cols, err := columns(ctx, m.s.db, md.maintenanceQueries(m.s.table.derived(leaseSuffix), m.s.config))
+	return len(cols) > 0, err
 }

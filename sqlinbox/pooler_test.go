@@ -37,7 +37,7 @@ func TestPreparedClaimLostToAPooler(t *testing.T) {
 	require.Equal(t, 200, rows)
 	lost := 0
 	for _, m := range logs.Captured()[watermill.ErrorLogLevel] {
-		require.Contains(t, m.Msg, "a transaction-pooling proxy (PgBouncer pool_mode=transaction) stands between this store and PostgreSQL; claiming unprepared from now on")
+		require.Contains(t, m.Msg, "a transaction-pooling proxy lost the prepared claim; claiming unprepared from now on")
 		lost++
 	}
 	require.Equal(t, 1, lost, "one line when the store switches, none before or after")

@@ -521,7 +521,9 @@ func (s *Store) claimUnprepared(err error) {
 	}
 	// The prepared statement stays open (Close closes it) for claims
 	// already using it: they fail the same way and switch too.
-	s.config.Logger.Error("Inbox: the prepared claim was lost between server connections, so a transaction-pooling proxy (PgBouncer pool_mode=transaction) stands between this store and PostgreSQL; claiming unprepared from now on. Set sqlinbox.Config.TransactionPooling to start so: until a store notices, a numbered prepared statement can reach a connection where another program's statement holds that number", err, watermill.LogFields{"table": s.table.String()})
+	// Until a store notices, a numbered prepared statement can reach a
+	// connection where another program's statement holds that number.
+	s.config.Logger.Error("Inbox: a transaction-pooling proxy lost the prepared claim; claiming unprepared from now on. Set sqlinbox.Config.TransactionPooling to start so", err, watermill.LogFields{"table": s.table.String()})
 }
 
 // Close releases the prepared claim statement. The [Store] can still be used

@@ -11,7 +11,7 @@ import (
 
 // A [Store] implements, beside [inboxdriver.Store], the optional interfaces
 // the middleware and the metrics look for: [inboxdriver.ConsumerRegistry]
-// (the lease table's SQL is in lease.go), [inboxdriver.TxWriteCounter]
+// (lease.go), [inboxdriver.TxWriteCounter]
 // (txwrites.go), and [Store.OldestClaim], which package [prommetrics] reads.
 //
 // [prommetrics]: https://pkg.go.dev/github.com/watermill-inbox/inbox/prommetrics
@@ -19,50 +19,6 @@ var (
 	_ inboxdriver.ConsumerRegistry = (*Store)(nil)
 	_ inboxdriver.TxWriteCounter   = (*Store)(nil)
 )
-
-// LeaseTable returns the lease table's name: the inbox table's with the
-// suffix "_leases", in the same schema. Each process claiming for a
-// consumer renews a row there, so that the inbox check command can tell
-// two services claiming with one consumer.
-func (s *Store) LeaseTable() string { return s.table.derived(leaseSuffix).String() }
-
-// Heartbeat implements [inboxdriver.ConsumerRegistry]: it renews h's lease
-// and lists the other services with a live lease on h.Consumer. Statements
-// outside any transaction, so that the list sees the leases of services
-// that renewed concurrently.
-func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
-	q := s.q.leases
-	if h.First {
-		if _, err := s.db.ExecContext(ctx, q.expire, h.Consumer); err != nil {
-			return nil, s.leaseErr(err)
-		}
-	}
-	if _, err := s.db.ExecContext(ctx, q.renew, h.Consumer, h.Service, h.Instance, h.Warnings); err != nil {
-		return nil, s.leaseErr(err)
-	}
-	rows, err := s.db.QueryContext(ctx, q.others, h.Consumer, h.Service, int64(h.Lease/time.Second))
-	if err != nil {
-		return nil, s.leaseErr(err)
-	}
-	defer rows.Close()
-	var others []string
-	for rows.Next() {
-		var service string
-		if err := rows.Scan(&service); err != nil {
-			return nil, s.leaseErr(err)
-		}
-		others = append(others, service)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, s.leaseErr(err)
-	}
-	return others, nil
-}
-
-// leaseErr names the lease table and what to run when it is missing.
-func (s *Store) leaseErr(err error) error {
-	return fmt.Errorf("sqlinbox: renewing a lease in %s (Store.CreateSchema creates it): %w", s.LeaseTable(), s.dialectErr(s.dialect.classify(err)))
-}
 
 // CountTxWrites implements [inboxdriver.TxWriteCounter] on a transaction of
 // this store.

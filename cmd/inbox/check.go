@@ -71,6 +71,12 @@ func runCheck(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	} else {
 		fmt.Fprintf(stdout, "ok    table: %s exists\n", store.Table())
 		failed += printFindings(stdout, c.Findings)
+		if leases, err := store.Maintenance().Leases(ctx); err != nil {
+			// A user granted the inbox table only: the rest still checks.
+			fmt.Fprintf(stdout, "-     consumers: not checked: %v\n", err)
+		} else {
+			failed += printLeases(stdout, leases)
+		}
 	}
 	failed += checkRetention(stdout, ret, broker.d, slack.d)
 	if failed > 0 {

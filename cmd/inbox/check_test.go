@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
@@ -163,7 +166,7 @@ func TestCheckPeriodBlockedByEventDatedAhead(t *testing.T) {
 
 	code, out, errOut := f.run(t, "purge", append(flags, "-retention", "14d")...)
 	require.Equal(t, exitOK, code, out+errOut)
-	require.Regexp(t, `level=ERROR\s+msg="Inbox partition not created: the default partition already holds rows of its period`, errOut)
+	require.Regexp(t, `level=ERROR\s+msg="Inbox partition not created: the default partition holds rows of its period`, errOut)
 	require.Contains(t, errOut, "partition="+partition)
 
 	code, out, errOut = f.run(t, "stats", flags...)
@@ -190,4 +193,31 @@ func TestCheckPeriodBlockedByEventDatedAhead(t *testing.T) {
 	var n int
 	require.NoError(t, f.db.QueryRow(`SELECT count(*) FROM `+partition).Scan(&n))
 	require.Equal(t, 1, n, "the row is in its partition")
+}
+
+// Two services claiming with one consumer at the same time fail the check,
+// naming both; a process's warnings are listed without failing it.
+func TestCheckSharedConsumer(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := setup(t, tg)
+		code, out, errOut := f.run(t, "check")
+		require.Equal(t, exitOK, code, out+errOut)
+		require.Contains(t, out, "-     consumers: no process claimed in the last 1m0s\n")
+
+		for _, service := range []string{"example.com/billing", "example.com/mailer"} {
+			mw, err := inbox.NewMiddleware(inbox.Config{Store: f.store, Consumer: "handle_orders", Service: service})
+			require.NoError(t, err)
+			msg := message.NewMessage(watermill.NewUUID(), nil)
+			_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg) // takes no transaction: a warning
+			require.NoError(t, err)
+		}
+		require.Eventually(t, func() bool {
+			_, out, _ := f.run(t, "check")
+			return strings.Contains(out, "tx_unused (service example.com/mailer") && strings.Contains(out, "FAIL  consumer")
+		}, 10*time.Second, 50*time.Millisecond)
+		code, out, errOut = f.run(t, "check")
+		require.Equal(t, exitFailed, code, out+errOut)
+		require.Contains(t, out, `FAIL  consumer "handle_orders": services example.com/billing and example.com/mailer claim for it at the same time`)
+		require.Contains(t, out, `WARN  consumer "handle_orders": tx_unused (service example.com/billing, process `)
+	})
 }

@@ -68,6 +68,9 @@ type Store interface {
 	AddFingerprintColumn(ctx context.Context) (bool, error)
 	// Consumers lists the consumers with claims, sorted.
 	Consumers(ctx context.Context) ([]string, error)
+	// Leases lists the leases of the processes that claim in the table,
+	// sorted by consumer, service and instance.
+	Leases(ctx context.Context) ([]Lease, error)
 	// Claims lists the claims filter selects, sorted by processed_at,
 	// then event id. It removes nothing.
 	Claims(ctx context.Context, filter ClaimFilter) ([]Claim, error)
@@ -79,6 +82,18 @@ type Store interface {
 	// sorted as [Store.Claims] sorts them; on an error, those removed
 	// before it. A refused write wraps [ErrReadOnly].
 	Forget(ctx context.Context, consumer string, eventIDs []string) ([]Claim, error)
+}
+
+// Lease is one process's lease on a consumer: it claims for the consumer
+// while its lease is renewed.
+type Lease struct {
+	Consumer, Service, Instance string
+	// Warnings are what the process suspects of the consumer's wiring,
+	// comma-separated.
+	Warnings string
+	// Age is how long ago the process last renewed it, by the database's
+	// clock.
+	Age time.Duration
 }
 
 // Limits are the longest timeouts a database takes for maintenance
