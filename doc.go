@@ -39,12 +39,19 @@
 // repeated calls commit. [ConsumerHandler] and [Handler] wrap the handler
 // function itself, so every other middleware wraps the inbox whatever the
 // order of the calls. [message.Router.AddMiddleware] works too, added after
-// every other middleware (see [NewMiddleware]). Wiring mistakes visible at run
-// time fail with [ErrMiswired] or are logged through [Config.Logger].
+// every other middleware (see [NewMiddleware]). A wiring that would lose or
+// double an effect fails with [ErrMiswired]; one that is only suspicious is
+// logged once through [Config.Logger] and the message goes on.
+//
+// [IsPermanent] and [IsTransient] sort the middleware's errors for a poison
+// queue and a retry: a message without a usable event id goes to the poison
+// queue at once, one that met a database restarting keeps being retried.
 //
 // Effects outside the database cannot join the transaction: write follow-up
-// events to an outbox in the same transaction ([Config.ProducedPublisher]),
-// or accept at-most-once with [AfterCommit].
+// events to an outbox in the same transaction ([Config.ProducedPublisher],
+// built with [PublishInTx]), or accept at-most-once with [AfterCommit].
+// Metrics and traces come through [Config.Observer], whose types are in
+// package [observe].
 //
 // The stores: package [sqlinbox] keeps the claims through [database/sql]
 // (PostgreSQL, MySQL/MariaDB, SQLite) and links no database driver; package
@@ -60,4 +67,5 @@
 // [pgxinbox]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox
 // [pgxinbox.TxFromContext]: https://pkg.go.dev/github.com/watermill-inbox/inbox/pgxinbox#TxFromContext
 // [purge]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge
+// [observe]: https://pkg.go.dev/github.com/watermill-inbox/inbox/observe
 package inbox
