@@ -35,6 +35,9 @@ const ScopeName = "github.com/watermill-inbox/inbox/otelinbox"
 // outcome, duplicate, stale for an event older than [inbox.Config.MaxEventAge],
 // and after_commit_failed when an [inbox.AfterCommit] hook failed) and on the
 // claim span (consumer, event id, duplicate).
+//
+// [inbox.AfterCommit]: https://pkg.go.dev/github.com/watermill-inbox/inbox#AfterCommit
+// [inbox.Config.MaxEventAge]: https://pkg.go.dev/github.com/watermill-inbox/inbox#Config.MaxEventAge
 const (
 	AttrConsumer          = attribute.Key("inbox.consumer")
 	AttrEventID           = attribute.Key("inbox.event_id")
@@ -77,6 +80,8 @@ func New(config Config) *Tracer {
 // renamed "inbox <consumer>" when the consumer is known, as the message
 // leaves: the consumer may be the handler name or [inbox.Config.Consumer],
 // which only the middleware knows.
+//
+// [inbox.Config.Consumer]: https://pkg.go.dev/github.com/watermill-inbox/inbox#Config.Consumer
 func (t *Tracer) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
 	ctx, span := t.tracer.Start(ctx, "inbox", trace.WithSpanKind(trace.SpanKindConsumer))
 	return ctx, func(ob observe.Observation) {

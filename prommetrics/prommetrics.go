@@ -25,6 +25,11 @@
 // panicked: their effects are lost), and a claim latency that grows with
 // the inbox table (purge it). [Rules] holds Prometheus rules for most of
 // these, each alert with a runbook.
+//
+// [inbox.AfterCommit]: https://pkg.go.dev/github.com/watermill-inbox/inbox#AfterCommit
+// [inbox.Config.Fingerprint]: https://pkg.go.dev/github.com/watermill-inbox/inbox#Config.Fingerprint
+// [inbox.Config.MaxEventAge]: https://pkg.go.dev/github.com/watermill-inbox/inbox#Config.MaxEventAge
+// [inbox.StaleProcess]: https://pkg.go.dev/github.com/watermill-inbox/inbox#StaleProcess
 package prommetrics
 
 import (

@@ -17,6 +17,8 @@ type Dialect interface {
 	queries(t tableName, c Config) queries
 	// classify turns a driver error into one the middleware understands
 	// (lock and busy timeouts wrap [inbox.ErrInFlight]); others pass through.
+	//
+	// [inbox.ErrInFlight]: https://pkg.go.dev/github.com/watermill-inbox/inbox#ErrInFlight
 	classify(err error) error
 	// claimTimeoutLimit is the longest [Config.ClaimTimeout] the database's
 	// setting takes, and that setting; 0 where ClaimTimeout is refused

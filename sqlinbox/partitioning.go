@@ -56,6 +56,11 @@ const (
 	// no longer be recognised as a duplicate once its partition was
 	// dropped: set [inbox.Config.MaxEventAge] below the retention, with
 	// [inbox.EventTimeFromEventID].
+	//
+	// [inbox.Config.MaxEventAge]: https://pkg.go.dev/github.com/watermill-inbox/inbox#Config.MaxEventAge
+	// [inbox.ErrInvalidEventID]: https://pkg.go.dev/github.com/watermill-inbox/inbox#ErrInvalidEventID
+	// [inbox.EventTimeFromEventID]: https://pkg.go.dev/github.com/watermill-inbox/inbox#EventTimeFromEventID
+	// [inbox.TimeInEventID]: https://pkg.go.dev/github.com/watermill-inbox/inbox#TimeInEventID
 	EventIDTime
 )
 

@@ -49,6 +49,8 @@ type Config struct {
 	// canonical lowercase form. It must match the table
 	// [Store.CreateSchema] made. Defaults to false: any id up to
 	// [inbox.MaxEventIDLength] bytes.
+	//
+	// [inbox.MaxEventIDLength]: https://pkg.go.dev/github.com/watermill-inbox/inbox#MaxEventIDLength
 	UUIDEventIDs bool
 
 	// ClaimTimeout bounds how long a claim waits for another transaction
@@ -65,6 +67,8 @@ type Config struct {
 	// setting takes: 2,147,483,647 ms (24.8 days) on PostgreSQL,
 	// 100,000,000 s on MariaDB. Defaults to 0: wait until the other
 	// transaction ends.
+	//
+	// [inbox.ErrInFlight]: https://pkg.go.dev/github.com/watermill-inbox/inbox#ErrInFlight
 	ClaimTimeout time.Duration
 
 	// Partitioning makes [Store.CreateSchema] create a PostgreSQL table
@@ -93,6 +97,8 @@ type Config struct {
 	// Rows claimed before have no fingerprint and never count as a reused
 	// id. Defaults to false: the claim writes two columns, as it always
 	// did.
+	//
+	// [inbox.Config.Fingerprint]: https://pkg.go.dev/github.com/watermill-inbox/inbox#Config.Fingerprint
 	Fingerprints bool
 
 	// TransactionPooling declares that the store reaches PostgreSQL through

@@ -25,6 +25,7 @@ const SchemaLockTimeout = time.Second
 // it is gone. It is not [inbox.ErrInFlight], which is a claim's.
 //
 // [purge.Config.LockTimeout]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge#Config.LockTimeout
+// [inbox.ErrInFlight]: https://pkg.go.dev/github.com/watermill-inbox/inbox#ErrInFlight
 var ErrLockTimeout = maintenance.ErrLockTimeout
 
 // SchemaSQL returns the DDL [Store.CreateSchema] runs, as one script, for
