@@ -104,14 +104,15 @@ func (e transientError) Unwrap() error { return e.err }
 func transient(err error) error { return transientError{err} }
 
 // unavailable reports errors that mean the connection or the database went
-// away, whatever the driver: the store adds its database's codes
+// away, or the message's context ended (a router shutting down), whatever
+// the driver: the store adds its database's codes
 // (inboxdriver.UnavailableDetector).
 func unavailable(err error) bool {
 	var ne net.Error
 	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne)
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.As(err, &ne)
 }
 
 // errPanicked is the Err of the observation of a handler that panicked; the
