@@ -34,7 +34,7 @@ func TestWrongAccessorIsLogged(t *testing.T) {
 				_, ok := inbox.TxFromContext(ctx)
 				return ok
 			},
-			want: "Inbox: inbox.TxFromContext returned no transaction: the store (*pgxinbox.Store) hands out another kind; take it with pgxinbox.TxFromContext(msg.Context())",
+			want: "Inbox: inbox.TxFromContext returned no transaction: *pgxinbox.Store hands out another kind; take it with pgxinbox.TxFromContext(msg.Context())",
 		},
 		{
 			name: "pgxinbox.TxFromContext behind sqlinbox",
@@ -47,7 +47,7 @@ func TestWrongAccessorIsLogged(t *testing.T) {
 				_, ok := pgxinbox.TxFromContext(ctx)
 				return ok
 			},
-			want: "Inbox: pgxinbox.TxFromContext returned no transaction: the store (*sqlinbox.Store) hands out another kind; take it with inbox.TxFromContext(msg.Context()), which returns its *sql.Tx",
+			want: "Inbox: pgxinbox.TxFromContext returned no transaction: *sqlinbox.Store hands out another kind; take it with inbox.TxFromContext(msg.Context())",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -72,7 +72,7 @@ func TestWrongAccessorIsLogged(t *testing.T) {
 			var wrong, unused []string
 			for _, l := range logger.Captured()[watermill.ErrorLogLevel] {
 				require.ErrorIs(t, l.Err, inbox.ErrMiswired)
-				if l.Msg == tc.want+". The handler got ok == false and none of its writes can commit with the claim. Logged once per consumer" {
+				if l.Msg == tc.want+"; logged once per consumer" {
 					wrong = append(wrong, l.Fields["consumer"].(string))
 				} else {
 					require.Contains(t, l.Msg, "succeeded without taking the inbox transaction")

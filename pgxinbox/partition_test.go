@@ -20,14 +20,25 @@ import (
 )
 
 // claimTx claims (consumer, eventID) as the middleware does and returns
-// the claim's transaction, nil for a duplicate.
+// the claim's transaction, nil for a duplicate. It ends through the
+// store's, which gives the claim's place in the pool back.
 func (f *fixture) claimTx(ctx context.Context, opts *sql.TxOptions, consumer, eventID string) (pgx.Tx, bool, error) {
 	tx, _, err := f.store.Claim(ctx, inboxdriver.Claim{TxOptions: opts, Consumer: consumer, EventID: eventID})
 	if tx == nil {
 		return nil, false, err
 	}
-	return tx.Handle().(pgx.Tx), true, err
+	return heldTx{Tx: tx.Handle().(pgx.Tx), claim: tx}, true, err
 }
+
+// heldTx is a claim's pgx.Tx that commits and rolls back through the
+// store's transaction.
+type heldTx struct {
+	pgx.Tx
+	claim inboxdriver.Tx
+}
+
+func (t heldTx) Commit(ctx context.Context) error   { return t.claim.Commit(ctx) }
+func (t heldTx) Rollback(ctx context.Context) error { return t.claim.Rollback(ctx) }
 
 func (f *fixture) claim(t *testing.T, consumer, eventID string) bool {
 	t.Helper()

@@ -158,7 +158,7 @@ func testFixedConsumerFromTwoHandlers(t *testing.T, target Target) {
 			require.Equal(t, 2, obs.count(observe.Miswired), "metrics tell a wiring mistake from a failing database")
 			for _, err := range got {
 				require.ErrorIs(t, err, inbox.ErrMiswired)
-				require.ErrorContains(t, err, `handlers "invoicing" and "analytics" both reach the fixed consumer "billing"`)
+				require.ErrorContains(t, err, `handlers "invoicing" and "analytics" share the fixed consumer "billing"`)
 			}
 			require.Equal(t, once("billing", "order-1"), b.effectCounts(t))
 			require.Equal(t, 1, b.claims(t))
