@@ -81,7 +81,7 @@ func TestWiringPublisherOnTheInboxTx(t *testing.T) {
 	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateSchema(ctx))
-	createOutbox(t, db, "invoices")
+	require.NoError(t, createOutboxTable(ctx, db))
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
 	require.NoError(t, err)
 	p := newPipeline(t)
@@ -90,17 +90,6 @@ func TestWiringPublisherOnTheInboxTx(t *testing.T) {
 		return err
 	}))
 	p.deliver(t, "orders", "order-1", 3, 1, countRows(t, db, `"watermill_invoices"`))
-}
-
-// createOutbox creates the watermill-sql v4 table of topic.
-func createOutbox(t *testing.T, db *sql.DB, topic string) {
-	t.Helper()
-	queries, err := wsql.DefaultPostgreSQLSchema{}.SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
-	require.NoError(t, err)
-	for _, q := range queries {
-		_, err := db.Exec(q.Query, q.Args...)
-		require.NoError(t, err)
-	}
 }
 
 // docs/wiring.md's inbox behind a watermill-sql subscriber: the handler of
