@@ -38,7 +38,7 @@ func runCheck(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	ret := addRetentionFlags(fs)
 	var broker durationFlag
 	slack := durationFlag{d: 24 * time.Hour}
-	fs.Var(&broker, "broker-retention", "how long the broker can still deliver a message, e.g. 7d; for Kafka, retention.ms plus segment.ms (it deletes whole segments)")
+	fs.Var(&broker, "broker-retention", "how long the broker can still deliver a message, e.g. 7d: Kafka retention.ms plus segment.ms, JetStream the stream's MaxAge, RabbitMQ the queue's message TTL, Redis the oldest entry kept (docs/retention.md#broker-retention)")
 	fs.Var(&slack, "slack", "how long after the broker's retention a copy can still arrive: retries, messages republished from a poison queue")
 	ahead := fs.Int("partitions-ahead", purge.DefaultPartitionsAhead, "partitioned tables: future partitions that must exist")
 	if err := parse(fs, args); err != nil {
