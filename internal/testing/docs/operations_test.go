@@ -14,6 +14,7 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/otelinbox"
 	"github.com/watermill-inbox/inbox/prommetrics"
 	"github.com/watermill-inbox/inbox/purge"
@@ -30,7 +31,7 @@ func TestOperationsObservers(t *testing.T) {
 	metrics, err := prommetrics.New(nil, "") // prometheus.DefaultRegisterer, names watermill_inbox_*
 	mw, err := inbox.NewMiddleware(inbox.Config{
 		Store:    store,
-		Observer: inbox.Observers(metrics, otelinbox.New(otelinbox.Config{})),
+		Observer: observe.Join(metrics, otelinbox.New(otelinbox.Config{})),
 	})
 
 	require.NoError(t, err)

@@ -12,9 +12,9 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
-)
 
-import wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+)
 
 // docs/outbox.md: the messages a handler returns commit to its outbox with
 // the claim; three copies of an order make one invoice and one outbox row.
@@ -36,15 +36,11 @@ func TestOutboxProducedPublisher(t *testing.T) {
 
 	mw, err := inbox.NewMiddleware(inbox.Config{
 		Store: store,
-		ProducedPublisher: func(ctx context.Context) (message.Publisher, error) {
-			tx, ok := inbox.TxFromContext(ctx)
-			if !ok {
-				return nil, inbox.ErrNotInInbox
-			}
+		ProducedPublisher: inbox.PublishInTx(func(tx *sql.Tx) (message.Publisher, error) { // the claim's transaction
 			return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{
 				SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, // AutoInitializeSchema must stay false
 			}, logger)
-		},
+		}),
 	})
 	router.AddHandler("billing", "orders", kafkaSubscriber, "invoices", kafkaPublisher, inbox.Handler(mw, func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := inbox.TxFromContext(msg.Context())

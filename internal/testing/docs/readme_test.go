@@ -5,23 +5,24 @@ package docs_test
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-)
 
-import (
-	_ "github.com/jackc/pgx/v5/stdlib" // your driver (see Databases below)
+	_ "github.com/jackc/pgx/v5/stdlib" // your driver; sqlinbox links none
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/sqlinbox" // the database/sql store: PostgreSQL, MySQL/MariaDB, SQLite
+	"github.com/watermill-inbox/inbox/sqlinbox" // database/sql: PostgreSQL, MySQL/MariaDB, SQLite
 
-	"github.com/watermill-inbox/inbox/otelinbox"   // optional: OpenTelemetry spans
-	"github.com/watermill-inbox/inbox/pgxinbox"    // or the native pgx store, on a pgxpool.Pool
-	"github.com/watermill-inbox/inbox/prommetrics" // optional: Prometheus metrics and alerting rules
-	"github.com/watermill-inbox/inbox/purge"       // retention: delete rows once no copy can arrive
+	"github.com/watermill-inbox/inbox/otelinbox"   // OpenTelemetry spans
+	"github.com/watermill-inbox/inbox/pgxinbox"    // or native pgx, on a pgxpool.Pool
+	"github.com/watermill-inbox/inbox/prommetrics" // Prometheus metrics and alerts
+	"github.com/watermill-inbox/inbox/purge"       // retention
 )
 
 // The README's other imports, shown in docs/retention.md and docs/operations.md.
@@ -40,21 +41,71 @@ func TestREADMEQuickStart(t *testing.T) {
 	router, sub, orderID := p.router, p.pubSub, "order-1"
 
 	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL}) // or MySQL, SQLite
-	err = store.CreateSchema(ctx)                                                 // idempotent; store.SchemaSQL() for migration tools
+	err = store.CreateSchema(ctx)                                                 // idempotent; SchemaSQL() for migration tools
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Logger: router.Logger()})
 	require.NoError(t, err)
 
-	router.AddMiddleware(middleware.Recoverer) // any middleware, any order: all wrap the inbox
 	router.AddConsumerHandler("invoicing", "orders", sub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
 		tx, ok := inbox.TxFromContext(msg.Context()) // the claim and your writes commit together
 		if !ok {
-			return inbox.ErrNotInInbox // not behind the inbox, or pgxinbox's accessor (logged)
+			return inbox.ErrNotInInbox
 		}
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices (order_id) VALUES ($1)`, orderID) // MySQL, SQLite: ?
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices (order_id) VALUES ($1)`, orderID)
 		return err
 	}))
 
 	p.deliver(t, "orders", "order-1", 3, 1, countRows(t, db, "invoices"))
+}
+
+// The recommended stack: a handler that fails twice, then succeeds, is
+// retried within the delivery and commits once; nothing is poisoned.
+func TestREADMEStack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := sql.Open("pgx", schemaDSN(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	_, err = db.Exec(`CREATE TABLE invoices (order_id TEXT NOT NULL)`)
+	require.NoError(t, err)
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(ctx))
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
+	require.NoError(t, err)
+	p := newPipeline(t)
+	router, sub, pub := p.router, p.pubSub, p.pubSub
+	var attempts atomic.Int32
+	handle := func(msg *message.Message) error {
+		if attempts.Add(1) < 3 {
+			return errors.New("the payment service is down")
+		}
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO invoices (order_id) VALUES ('order-1')`)
+		return err
+	}
+
+	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", func(err error) bool { return !inbox.IsTransient(err) })
+	router.AddMiddleware(
+		middleware.Recoverer,
+		poison, // a missing event id, a miswiring: at once; a database restart: never
+		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond,
+			ShouldRetry: func(p middleware.RetryParams) bool { return !inbox.IsPermanent(p.Err) }}.Middleware,
+	)
+	router.AddConsumerHandler("invoicing", "orders", sub, inbox.ConsumerHandler(mw, handle))
+
+	require.NoError(t, err)
+	poisoned, err := sub.Subscribe(ctx, "poison")
+	require.NoError(t, err)
+	p.deliver(t, "orders", "order-1", 1, 1, countRows(t, db, "invoices"))
+	require.Equal(t, int32(3), attempts.Load())
+	select {
+	case m := <-poisoned:
+		t.Fatalf("poisoned: %s", m.Metadata)
+	case <-time.After(100 * time.Millisecond):
+	}
 }
 
 // The quick start on the native pgx store.
@@ -64,24 +115,25 @@ func TestREADMEPgx(t *testing.T) {
 	dsn := schemaDSN(t)
 	p := newPipeline(t)
 	router, sub, orderID := p.router, p.pubSub, "order-1"
-
 	pool, err := pgxpool.New(ctx, dsn)
-	store, err := pgxinbox.NewStore(pool, sqlinbox.Config{}) // the same Config; CreateSchema, SchemaSQL, purge.New as above
-	err = store.CreateSchema(ctx)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, `CREATE TABLE invoices (order_id TEXT NOT NULL)`)
+	require.NoError(t, err)
+
+	store, err := pgxinbox.NewStore(pool, sqlinbox.Config{}) // the same Config
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(ctx))
 	router.AddConsumerHandler("invoicing", "orders", sub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
-		tx, ok := pgxinbox.TxFromContext(msg.Context()) // pgx.Tx: the claim and your writes commit together
+		tx, ok := pgxinbox.TxFromContext(msg.Context())
 		if !ok {
-			return inbox.ErrNotInInbox // inbox.TxFromContext returns none with this store (logged)
+			return inbox.ErrNotInInbox
 		}
 		_, err := tx.Exec(msg.Context(), `INSERT INTO invoices (order_id) VALUES ($1)`, orderID)
 		return err
 	}))
 
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = pool.Exec(ctx, `CREATE TABLE invoices (order_id TEXT NOT NULL)`)
-	require.NoError(t, err)
 	db, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })

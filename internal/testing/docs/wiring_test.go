@@ -14,9 +14,9 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
-)
 
-import wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+)
 
 // docs/wiring.md's first snippet: the two handler wrappers, and the
 // router's middleware around them.
