@@ -79,10 +79,20 @@ func eventIDTime(target conformancetest.Target) conformancetest.Target {
 
 // claim claims (consumer, eventID) through store as the middleware does
 // and returns the claim's transaction, nil for a duplicate.
-func claim(ctx context.Context, store inboxdriver.Store, opts *sql.TxOptions, consumer, eventID string) (*sql.Tx, bool, error) {
+func claim(ctx context.Context, store inboxdriver.Store, opts *sql.TxOptions, consumer, eventID string) (*claimed, bool, error) {
 	tx, _, err := store.Claim(ctx, inboxdriver.Claim{TxOptions: opts, Consumer: consumer, EventID: eventID})
 	if tx == nil {
 		return nil, false, err
 	}
-	return tx.Handle().(*sql.Tx), true, err
+	return &claimed{Tx: tx.Handle().(*sql.Tx), claim: tx}, true, err
 }
+
+// claimed is a claim's *sql.Tx that ends through the store's transaction,
+// which gives the claim's place in the pool back.
+type claimed struct {
+	*sql.Tx
+	claim inboxdriver.Tx
+}
+
+func (c *claimed) Commit() error   { return c.claim.Commit(context.Background()) }
+func (c *claimed) Rollback() error { return c.claim.Rollback(context.Background()) }

@@ -181,7 +181,7 @@ func dropDay(t *testing.T, db *sql.DB, table string, days int) string {
 // deployBehindAHandler opens a handler's transaction on store's daily
 // partitioned table, as a deploy finds claims in flight, and returns it with
 // a store of another instance on the table, logging to logs.
-func deployBehindAHandler(t *testing.T, store *sqlinbox.Store) (handler *sql.Tx, deploy *sqlinbox.Store, logs *watermill.CaptureLoggerAdapter) {
+func deployBehindAHandler(t *testing.T, store *sqlinbox.Store) (handler *claimed, deploy *sqlinbox.Store, logs *watermill.CaptureLoggerAdapter) {
 	t.Helper()
 	handler, ok, err := claim(context.Background(), store, nil, "billing", "in-flight")
 	require.NoError(t, err)
