@@ -72,7 +72,7 @@ var (
 // IsPermanent reports whether redelivering the message that failed with err
 // cannot help: its event id is missing or invalid, its id was reused, it is
 // stale under [StaleReject], or it was refused as miswired. Send it to the
-// poison queue at once (docs/wiring.md#retries-and-the-poison-queue).
+// poison queue at once (README.md#the-one-rule-the-inbox-is-innermost).
 func IsPermanent(err error) bool {
 	for _, target := range permanent {
 		if errors.Is(err, target) {

