@@ -35,16 +35,19 @@ func ExampleStore_SchemaSQL() {
 	// CREATE INDEX IF NOT EXISTS "inbox_processed_at_idx" ON "billing"."inbox" (processed_at);
 	//
 	// CREATE TABLE IF NOT EXISTS "billing"."inbox_leases" (
-	// 	consumer      text        NOT NULL PRIMARY KEY CHECK (octet_length(consumer) BETWEEN 1 AND 255),
-	// 	service       text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
-	// 	registered_at timestamptz NOT NULL DEFAULT now()
+	// 	consumer text        NOT NULL CHECK (octet_length(consumer) BETWEEN 1 AND 255),
+	// 	service  text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
+	// 	instance text        NOT NULL CHECK (octet_length(instance) BETWEEN 1 AND 255),
+	// 	seen_at  timestamptz NOT NULL DEFAULT now(),
+	// 	warnings text        NOT NULL DEFAULT '',
+	// 	PRIMARY KEY (consumer, service, instance)
 	// );
 }
 
 // SchemaStatements hands the same DDL statement by statement, for a
 // migration tool that takes statements: on a partitioned table one of them
 // is a DO block with semicolons of its own, which a tool splitting a script
-// at semicolons would cut apart. The last one creates the consumer registry.
+// at semicolons would cut apart. The last one creates the lease table.
 func ExampleStore_SchemaStatements() {
 	db, err := sql.Open("postgres", "postgres://migrations.invalid/app") // opened lazily, never used
 	if err != nil {

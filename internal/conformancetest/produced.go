@@ -14,6 +14,7 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/observe"
+	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 // txPublisher holds the inbox transaction, as a watermill-sql publisher
@@ -92,6 +93,9 @@ func testProducedPublisherTx(t *testing.T, target Target) {
 			b := setup(t, target)
 			if b.target.Native != nil {
 				t.Skip("a native pgx store hands out a pgx.Tx: pgxinbox's own tests cover pgxinbox.PublishInTx")
+			}
+			if tc.name == "writes through the connection pool" && b.target.Dialect == sqlinbox.SQLite {
+				t.Skip("SQLite has one writer: a write through the pool waits for the claim's own lock and fails busy")
 			}
 			outbox := b.table(t, "outbox", "payload")
 			insert := fmt.Sprintf(`INSERT INTO %s (payload) VALUES (%s)`, outbox, b.target.Placeholder(1))
