@@ -197,6 +197,11 @@ func handleIn(v, tx reflect.Value, depth int) string {
 				v = v.Elem().Field(0) // the adapter's embedded handle
 				continue
 			}
+		case reflect.Struct:
+			if isWatermillSQL(v.Type()) && v.NumField() > 0 {
+				v = v.Field(0) // an adapter held by value
+				continue
+			}
 		}
 		return ""
 	}

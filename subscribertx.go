@@ -291,7 +291,7 @@ func standIn(value, tx any) (any, error) {
 			return w.Interface(), nil
 		}
 	}
-	return nil, fmt.Errorf("%w: a %s cannot stand in for the subscriber's %s; see docs/wiring.md#messages-from-sql-pubsub-subscribers", ErrSubscriberTx, txType, vt)
+	return nil, fmt.Errorf("%w: a %s cannot stand in for the subscriber's %s: a sqlinbox store takes sql.BeginnerFromStdSQL, a pgxinbox store sql.BeginnerFromPgx", ErrSubscriberTx, txType, vt)
 }
 
 func (f *txFinder) keyType(t reflect.Type) bool {
