@@ -53,7 +53,7 @@ func (execPublisher) Close() error { return nil }
 func producing(t *testing.T, db *sql.DB, dialect sqlinbox.Dialect, pub func(tx *sql.Tx) message.Publisher) (map[string]int, []watermill.CapturedMessage, *warnings) {
 	t.Helper()
 	store, effects := poolStore(t, db, dialect)
-	logger := watermill.NewCaptureLogger()
+	logger := conformancetest.NewLogger()
 	seen := &warnings{}
 	mw, err := inbox.NewMiddleware(inbox.Config{
 		Store: store, Logger: logger, Observer: seen,
@@ -75,7 +75,7 @@ func producing(t *testing.T, db *sql.DB, dialect sqlinbox.Dialect, pub func(tx *
 		msg.Metadata.Set(inbox.DefaultEventIDMetadataKey, fmt.Sprintf("ev-%d", i))
 		conformancetest.PublishWithin(t, ps, "events", msg)
 	}
-	return effects.count(t), logger.Captured()[watermill.ErrorLogLevel], seen
+	return effects.count(t), logger.Errors(), seen
 }
 
 // An outbox that deduplicates (INSERT ... ON CONFLICT DO NOTHING through
@@ -170,7 +170,7 @@ func TestInboxTableOnlyGrantIsProcessed(t *testing.T) {
 	app := testdb.Open(t, "postgres", u.String())
 	appStore, err := sqlinbox.New(app, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: store.Table()})
 	require.NoError(t, err)
-	logger := watermill.NewCaptureLogger()
+	logger := conformancetest.NewLogger()
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: appStore, Consumer: "billing", Logger: logger})
 	require.NoError(t, err)
 	for i := range 3 {
@@ -183,8 +183,8 @@ func TestInboxTableOnlyGrantIsProcessed(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.Equal(t, map[string]int{"ev-0": 1, "ev-1": 1, "ev-2": 1}, effects.count(t))
-	require.Eventually(t, func() bool { return len(logger.Captured()[watermill.ErrorLogLevel]) == 1 }, 10*time.Second, 10*time.Millisecond)
-	logs := logger.Captured()[watermill.ErrorLogLevel]
+	require.Eventually(t, func() bool { return len(logger.Errors()) == 1 }, 10*time.Second, 10*time.Millisecond)
+	logs := logger.Errors()
 	require.Equal(t, string(observe.Unchecked), logs[0].Fields["warning"])
 	require.True(t, strings.Contains(logs[0].Err.Error(), "42501") || strings.Contains(logs[0].Err.Error(), "permission denied"), logs[0].Err.Error())
 }

@@ -12,35 +12,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
-	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
-
-// txPublisher holds the inbox transaction, as a watermill-sql publisher
-// built on it does, and writes each message with write.
-type txPublisher struct {
-	tx    inboxdriver.Tx
-	write func(payload string) error
-}
-
-func (p txPublisher) Publish(_ string, msgs ...*message.Message) error {
-	for _, m := range msgs {
-		if err := p.write(string(m.Payload)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (txPublisher) Close() error { return nil }
 
 // funcPublisher writes each message with a closure, where the middleware
 // cannot see what it writes through.
 type funcPublisher func(payload string) error
 
 func (p funcPublisher) Publish(_ string, msgs ...*message.Message) error {
-	return txPublisher{write: p}.Publish("", msgs...)
+	for _, m := range msgs {
+		if err := p(string(m.Payload)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (funcPublisher) Close() error { return nil }
@@ -101,7 +87,7 @@ func testProducedPublisherTx(t *testing.T, target Target) {
 			insert := fmt.Sprintf(`INSERT INTO %s (payload) VALUES (%s)`, outbox, b.target.Placeholder(1))
 			var elsewhere atomic.Int64
 			warnings := &outcomes{}
-			logger := watermill.NewCaptureLogger()
+			logger := NewLogger()
 			mw := b.middleware(t, inbox.Config{
 				Observer: warnings,
 				Logger:   logger,
@@ -125,7 +111,7 @@ func testProducedPublisherTx(t *testing.T, target Target) {
 			require.Equal(t, tc.outbox, b.count(t, outbox))
 			require.Equal(t, tc.elsewhere, elsewhere.Load())
 			require.Equal(t, once("billing", "a", "b"), b.effectCounts(t))
-			logs := logger.Captured()[watermill.ErrorLogLevel]
+			logs := logger.Errors()
 			if !tc.warned {
 				require.Empty(t, logs)
 				return

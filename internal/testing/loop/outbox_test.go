@@ -2,7 +2,6 @@ package loop_test
 
 import (
 	"context"
-	"database/sql"
 	stdsql "database/sql"
 	"errors"
 	"fmt"
@@ -187,7 +186,7 @@ func Example_producedPublisherWatermillSQLv3() {
 
 	mw, err := inbox.NewMiddleware(inbox.Config{
 		Store: store,
-		ProducedPublisher: inbox.PublishInTx(func(tx *sql.Tx) (message.Publisher, error) {
+		ProducedPublisher: inbox.PublishInTx(func(tx *stdsql.Tx) (message.Publisher, error) {
 			return wsqlv3.NewPublisher(tx, wsqlv3.PublisherConfig{SchemaAdapter: wsqlv3.DefaultPostgreSQLSchema{}}, nil)
 		}),
 	})

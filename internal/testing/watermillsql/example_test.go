@@ -2,7 +2,6 @@ package watermillsql_test
 
 import (
 	"context"
-	"database/sql"
 	stdsql "database/sql"
 	"fmt"
 
@@ -41,7 +40,7 @@ func Example_producedPublisher() {
 
 	mw, err := inbox.NewMiddleware(inbox.Config{
 		Store: store,
-		ProducedPublisher: inbox.PublishInTx(func(tx *sql.Tx) (message.Publisher, error) { // the claim's transaction
+		ProducedPublisher: inbox.PublishInTx(func(tx *stdsql.Tx) (message.Publisher, error) { // the claim's transaction
 			return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: schema}, nil)
 		}),
 	})
