@@ -64,7 +64,6 @@ func Example_retriesAndPoisonQueue() {
 		middleware.Retry{
 			MaxRetries:      3,
 			InitialInterval: 100 * time.Millisecond,
-			Multiplier:      2,
 			ShouldRetry:     func(p middleware.RetryParams) bool { return !inbox.IsPermanent(p.Err) },
 		}.Middleware,
 		middleware.Recoverer,

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/observe"
 )
 
@@ -20,6 +22,8 @@ type Counts struct {
 	Nacks      atomic.Int64 // messages the router nacked (the retries gave up)
 	LogLines   atomic.Int64 // router log lines at info level and above
 	DebugLines atomic.Int64 // at debug and trace levels
+	Transient  atomic.Int64 // attempts the inbox failed with an error inbox.IsTransient reports
+	Permanent  atomic.Int64 // attempts it failed with an error inbox.IsPermanent reports
 
 	mu       sync.Mutex
 	outcomes map[observe.Outcome]int64
@@ -34,6 +38,12 @@ func NewCounts() *Counts { return &Counts{outcomes: map[observe.Outcome]int64{}}
 // Start implements observe.Observer.
 func (c *Counts) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
 	return ctx, func(ob observe.Observation) {
+		switch {
+		case inbox.IsTransient(ob.Err):
+			c.Transient.Add(1)
+		case inbox.IsPermanent(ob.Err):
+			c.Permanent.Add(1)
+		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.outcomes[ob.Outcome]++
