@@ -189,9 +189,9 @@ func restartUnder(t *testing.T, srv restartable, routers []router, partitions in
 		total, d := r.counts.Snapshot(), during[i]
 		transient += r.counts.Transient.Load()
 		permanent += r.counts.Permanent.Load()
-		fmt.Fprintf(&report, "\n  %s: %d deliveries (redeliveries included), %d nacked after failing transiently, %d attempts failed transiently, %d permanently, %d retries; %d processed, %d duplicates skipped; during the outage %d attempts, %d nacks, %d log lines",
-			r.name, total.Deliveries, total.Nacks, r.counts.Transient.Load(), r.counts.Permanent.Load(), total.Retries,
-			total.Processed, total.Duplicates, d.Attempts(), d.Nacks, d.LogLines)
+		fmt.Fprintf(&report, "\n  %s: %d deliveries (redeliveries included), %d nacked after failing transiently, %d attempts failed transiently, %d permanently, %d neither %q, %d retries; %d processed, %d duplicates skipped; during the outage %d attempts, %d nacks, %d log lines",
+			r.name, total.Deliveries, total.Nacks, r.counts.Transient.Load(), r.counts.Permanent.Load(), r.counts.Neither.Load(), r.counts.NeitherErrors(),
+			total.Retries, total.Processed, total.Duplicates, d.Attempts(), d.Nacks, d.LogLines)
 	}
 	t.Log(report.String())
 	require.Empty(t, poison.poisoned(), "live messages poisoned")
