@@ -103,9 +103,9 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *observ
 	}
 	if produced, err = e.afterHandler(hctx, s, poisoned, produced, ob); err != nil {
 		if err == errRollBackAndAck {
-			err = nil
+			return nil, nil
 		}
-		return nil, err
+		return nil, e.failed(err, "the produced publisher", ob)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, e.failed(fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", errtext.Quote(eventID), consumer, err), "", ob)
@@ -197,9 +197,10 @@ func (e *engine) handlerContext(ctx context.Context, s *session.Session) (contex
 	return sub.standIn(hctx, s.Tx.Handle())
 }
 
-// failed is the message's result when what (the handler; "" for the
-// commit) failed with err: a conflict or an outage the store recognises is
-// transient, and a conflict after the claim is the claim's race.
+// failed is the message's result when what (the handler, the produced
+// publisher; "" for the commit) failed with err: a conflict or an outage
+// the store recognises is transient, and a conflict after the claim is the
+// claim's race.
 func (e *engine) failed(err error, what string, ob *observe.Observation) error {
 	if d, ok := e.store.(inboxdriver.ConflictDetector); ok && d.IsConflict(err) {
 		ob.Outcome = observe.InFlight

@@ -72,7 +72,7 @@ var (
 // IsPermanent reports whether redelivering the message that failed with err
 // cannot help: its event id is missing or invalid, its id was reused, it is
 // stale under [StaleReject], or it was refused as miswired. Send it to the
-// poison queue at once (README.md#the-one-rule-the-inbox-is-innermost).
+// poison queue at once (docs/wiring.md#retries-and-the-poison-queue).
 func IsPermanent(err error) bool {
 	for _, target := range permanent {
 		if errors.Is(err, target) {
@@ -84,15 +84,21 @@ func IsPermanent(err error) bool {
 
 var permanent = []error{ErrMissingEventID, ErrInvalidEventID, ErrNoConsumer, ErrEventIDReused, ErrStaleEvent, ErrMiswired, ErrSubscriberTx}
 
-// IsTransient reports whether err means the database could not finish the
-// message's transaction for a reason that passes: it or the connection to
-// it was down, the claim could not be made, the commit failed, another copy
-// of the event held or won the claim ([ErrInFlight]). Nothing was committed,
-// or the redelivery finds out: keep retrying such a message rather than
-// poisoning it.
+// IsTransient reports whether err means the message's transaction could not
+// finish for a reason that passes: the database or the connection to it was
+// down, the claim could not be made, the commit failed, another copy of the
+// event held or won the claim ([ErrInFlight]), or the message's context was
+// cancelled or timed out (the router closing; Watermill's Retry then returns
+// the context's error itself). Nothing was committed, or the redelivery finds
+// out: keep such a message retrying rather than poisoning it. An error
+// [IsPermanent] reports is never transient.
 func IsTransient(err error) bool {
+	if err == nil || IsPermanent(err) {
+		return false
+	}
 	var t transientError
-	return errors.As(err, &t) || errors.Is(err, ErrInFlight)
+	return errors.As(err, &t) || errors.Is(err, ErrInFlight) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // transientError marks an error [IsTransient] reports.

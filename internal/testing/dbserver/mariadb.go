@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,9 +74,9 @@ func (m *MariaDB) socket() string { return filepath.Join(m.dir, "sock") }
 // DSN returns the server's go-sql-driver/mysql DSN, on its database test.
 func (m *MariaDB) DSN() string { return fmt.Sprintf("root@tcp(127.0.0.1:%d)/test", m.port) }
 
-// Start starts the server again after Kill, on the same port and data: a
-// killed server first recovers InnoDB from its redo log. It returns when
-// the server accepts connections.
+// Start starts the server again after Kill or Stop, on the same port and
+// data: a killed server first recovers InnoDB from its redo log. It returns
+// when the server accepts connections.
 func (m *MariaDB) Start(t testing.TB) {
 	t.Helper()
 	require.NoError(t, m.start())
@@ -114,6 +115,16 @@ func (m *MariaDB) Kill(t testing.TB) (killed time.Time) {
 	t.Helper()
 	require.NotNil(t, m.proc, "the server is not running")
 	return m.proc.kill()
+}
+
+// Stop shuts the server down as a service manager does: SIGTERM to
+// mariadbd, which ends every connection (a statement running gets error
+// 1053 or 1927, or loses its connection), flushes InnoDB and exits. It
+// returns when the server has exited; Start starts it again.
+func (m *MariaDB) Stop(t testing.TB) {
+	t.Helper()
+	require.NotNil(t, m.proc, "the server is not running")
+	require.NoError(t, m.proc.stop(syscall.SIGTERM))
 }
 
 // Log returns the end of the server's log.

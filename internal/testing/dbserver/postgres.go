@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,9 +81,9 @@ func (p *Postgres) DSN() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.port)
 }
 
-// Start starts the server again after Kill, on the same port and data: a
-// killed server first replays its WAL (crash recovery). It returns when the
-// server accepts connections.
+// Start starts the server again after Kill or Stop, on the same port and
+// data: a killed server first replays its WAL (crash recovery). It returns
+// when the server accepts connections.
 func (p *Postgres) Start(t testing.TB) {
 	t.Helper()
 	require.NoError(t, p.start())
@@ -110,6 +111,17 @@ func (p *Postgres) Kill(t testing.TB) (killed time.Time) {
 	t.Helper()
 	require.NotNil(t, p.proc, "the server is not running")
 	return p.proc.kill()
+}
+
+// Stop shuts the server down as pg_ctl stop and pg_ctl restart do by
+// default (fast mode): SIGINT to the postmaster, which ends every session
+// (FATAL, SQLSTATE 57P01), rolling back its transaction, refuses new ones
+// (57P03), writes a checkpoint and exits. It returns when the server has
+// exited; Start starts it again.
+func (p *Postgres) Stop(t testing.TB) {
+	t.Helper()
+	require.NotNil(t, p.proc, "the server is not running")
+	require.NoError(t, p.proc.stop(syscall.SIGINT))
 }
 
 // Log returns the end of the server's log.

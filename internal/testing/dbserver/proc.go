@@ -29,6 +29,9 @@ const ServersDirEnv = "INBOX_TEST_SERVERS_DIR"
 // StartTimeout bounds how long a server may take to start.
 const StartTimeout = 90 * time.Second
 
+// StopTimeout bounds how long a server may take to shut down cleanly.
+const StopTimeout = 60 * time.Second
+
 // owner is the account a server runs as: as root, a system user such as
 // postgres; otherwise this process's own user.
 type owner struct {
@@ -154,6 +157,25 @@ func (p *process) kill() (killed time.Time) {
 	}
 	<-p.done
 	return killed
+}
+
+// stop sends sig to the process alone, as an operator's shutdown does,
+// and waits until it has exited, at most StopTimeout; then it kills it and
+// every process it started, and says so.
+func (p *process) stop(sig syscall.Signal) error {
+	if p.exited() {
+		return nil
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("signalling %s: %w", p.name, err)
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(StopTimeout):
+		p.kill()
+		return fmt.Errorf("%s had not exited %s after %s: killed\n%s", p.name, StopTimeout, sig, readLog(p.log))
+	}
 }
 
 // killTrees kills the processes roots and all their descendants at one

@@ -89,10 +89,10 @@ func TestREADMEStack(t *testing.T) {
 
 	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", func(err error) bool { return !inbox.IsTransient(err) })
 	router.AddMiddleware(
-		middleware.Recoverer,
 		poison, // a missing event id, a miswiring: at once; a database restart: never
 		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond,
 			ShouldRetry: func(p middleware.RetryParams) bool { return !inbox.IsPermanent(p.Err) }}.Middleware,
+		middleware.Recoverer, // inside Retry: a panic is retried like an error
 	)
 	router.AddConsumerHandler("invoicing", "orders", sub, inbox.ConsumerHandler(mw, handle))
 

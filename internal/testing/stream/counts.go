@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/observe"
 )
 
@@ -20,12 +22,23 @@ type Counts struct {
 	Nacks      atomic.Int64 // messages the router nacked (the retries gave up)
 	LogLines   atomic.Int64 // router log lines at info level and above
 	DebugLines atomic.Int64 // at debug and trace levels
+	Transient  atomic.Int64 // attempts the inbox failed with an error inbox.IsTransient reports
+	Permanent  atomic.Int64 // attempts it failed with an error inbox.IsPermanent reports
+	Neither    atomic.Int64 // attempts it failed with an error of neither kind (the handler's own)
 
 	mu       sync.Mutex
 	outcomes map[observe.Outcome]int64
 	mark     time.Time
 	firstOK  time.Time // the end of the first claim that started after mark and succeeded
 	okSince  int64     // successful claims since mark
+	neither  []string  // the errors Neither counted
+}
+
+// NeitherErrors returns the errors of the attempts Neither counts.
+func (c *Counts) NeitherErrors() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.neither...)
 }
 
 // NewCounts returns empty counts.
@@ -34,6 +47,17 @@ func NewCounts() *Counts { return &Counts{outcomes: map[observe.Outcome]int64{}}
 // Start implements observe.Observer.
 func (c *Counts) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
 	return ctx, func(ob observe.Observation) {
+		switch {
+		case inbox.IsTransient(ob.Err):
+			c.Transient.Add(1)
+		case inbox.IsPermanent(ob.Err):
+			c.Permanent.Add(1)
+		case ob.Err != nil:
+			c.Neither.Add(1)
+			c.mu.Lock()
+			c.neither = append(c.neither, ob.Err.Error())
+			c.mu.Unlock()
+		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.outcomes[ob.Outcome]++

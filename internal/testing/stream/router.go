@@ -42,11 +42,21 @@ func Retry(c *Counts) middleware.Retry {
 // JoinOption changes a router Join starts.
 type JoinOption func(*joinConfig)
 
-type joinConfig struct{ retry bool }
+type joinConfig struct {
+	retry bool
+	stack []message.HandlerMiddleware // nil: Retry, or nothing
+}
 
 // WithoutRetry leaves the Retry middleware out: a failed message is nacked
 // at once, and the subscriber redelivers it after NackResendSleep.
 func WithoutRetry() JoinOption { return func(c *joinConfig) { c.retry = false } }
+
+// WithStack puts mws, outermost first, between the router and the inbox in
+// place of the Retry middleware, and the inbox around the handler function
+// (inbox.ConsumerHandler), as the recommended stack wires them.
+func WithStack(mws ...message.HandlerMiddleware) JoinOption {
+	return func(c *joinConfig) { c.stack = mws }
+}
 
 // Join starts a router that consumes the stream in its group, behind the
 // Retry middleware and the inbox on tg, and writes one effect per handled
@@ -81,14 +91,19 @@ func (s *Stream) Join(t testing.TB, tg *Target, c *Counts, opts ...JoinOption) (
 			return out, err
 		}
 	}
-	mws := []message.HandlerMiddleware{count, Retry(c).Middleware, mw}
-	if !jc.retry {
-		mws = []message.HandlerMiddleware{count, mw}
-	}
-	router.AddConsumerHandler(Consumer, s.Topic, sub, func(msg *message.Message) error {
+	handler := func(msg *message.Message) error {
 		id, _, _ := inbox.EventIDFromContext(msg.Context())
 		return tg.WriteEffect(msg.Context(), id)
-	}).AddMiddleware(mws...)
+	}
+	mws := []message.HandlerMiddleware{count, Retry(c).Middleware, mw}
+	switch {
+	case jc.stack != nil:
+		mws = append([]message.HandlerMiddleware{count}, jc.stack...)
+		handler = inbox.ConsumerHandler(mw, handler)
+	case !jc.retry:
+		mws = []message.HandlerMiddleware{count, mw}
+	}
+	router.AddConsumerHandler(Consumer, s.Topic, sub, handler).AddMiddleware(mws...)
 
 	done := make(chan error, 1)
 	go func() { done <- router.Run(context.Background()) }()

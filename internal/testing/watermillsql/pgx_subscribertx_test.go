@@ -81,6 +81,8 @@ func TestPgxSubscriberTxRefused(t *testing.T) {
 	r.PublishCopies(t, 1, 1)
 	calls, got := wsqltest.FirstResult(t, r.Subscriber(t), r.Topic, mw)
 	require.ErrorIs(t, got, inbox.ErrSubscriberTx)
+	require.True(t, inbox.IsPermanent(got), "no redelivery can help: %v", got)
+	require.False(t, inbox.IsTransient(got), "%v", got)
 	require.ErrorContains(t, got, "sqlinbox store")
 	require.Zero(t, calls, "the handler did not run")
 	require.Equal(t, wsqltest.Outcome{}, r.Outcome(t))

@@ -184,6 +184,8 @@ func TestSubscriberTxRefused(t *testing.T) {
 
 	calls, got := wsqltest.FirstResult(t, sub, r.Topic, middlewareFor(t, r))
 	require.ErrorIs(t, got, inbox.ErrSubscriberTx)
+	require.True(t, inbox.IsPermanent(got), "no redelivery can help: %v", got)
+	require.False(t, inbox.IsTransient(got), "%v", got)
 	require.ErrorContains(t, got, "pgxinbox store")
 	require.Zero(t, calls, "the handler did not run")
 	require.Equal(t, wsqltest.Outcome{}, r.Outcome(t))
