@@ -130,6 +130,11 @@ func (s *Store) OldestClaim(ctx context.Context) (time.Time, bool, error) {
 // [sqlinbox.Store.CheckEventID] does.
 func (s *Store) CheckEventID(id string) (string, error) { return s.sql.CheckEventID(id) }
 
+// IsConflict reports whether err is PostgreSQL aborting the transaction for
+// a concurrent one (SQLSTATE 40001 or 40P01), as
+// [sqlinbox.Store.IsConflict] does; pgx's errors carry the SQLSTATE too.
+func (s *Store) IsConflict(err error) bool { return s.sql.IsConflict(err) }
+
 // CheckFingerprints implements [inbox.FingerprintChecker] as
 // [sqlinbox.Store.CheckFingerprints] does.
 func (s *Store) CheckFingerprints() error { return s.sql.CheckFingerprints() }

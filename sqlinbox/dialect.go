@@ -18,6 +18,9 @@ type Dialect interface {
 	// classify turns a driver error into one the middleware understands
 	// (lock and busy timeouts wrap [inbox.ErrInFlight]); others pass through.
 	classify(err error) error
+	// conflict reports whether err aborted the transaction for a
+	// concurrent one ([Store.IsConflict]).
+	conflict(err error) bool
 	// claimTimeoutLimit is the longest [Config.ClaimTimeout] the database's
 	// setting takes, and that setting; 0 where ClaimTimeout is refused
 	// anyway.
