@@ -30,9 +30,10 @@ type Galera struct {
 	// first node's bootstrap, the two others' joins (at once, each with a
 	// full state transfer).
 	Installed, Bootstrapped, Joined time.Duration
-	dir                             string
-	owner                           owner
-	bin                             string
+
+	dir   string
+	owner owner
+	bin   string
 }
 
 // GaleraNode is one mariadbd of a [Galera] cluster.
