@@ -208,7 +208,8 @@ func (n *GaleraNode) socket() string { return filepath.Join(n.dir, "sock") }
 // run starts node n's mariadbd with extra arguments and waits until the
 // node is synced with the cluster.
 func (g *Galera) run(n *GaleraNode, extra ...string) error {
-	p, err := start(n.dir, g.owner, n.Name, g.bin, append([]string{"--defaults-file=" + n.config()}, extra...)...)
+	// In the cluster's directory, where test.sh looks for the pids file.
+	p, err := start(g.dir, g.owner, n.Name, g.bin, append([]string{"--defaults-file=" + n.config()}, extra...)...)
 	if err != nil {
 		return err
 	}
