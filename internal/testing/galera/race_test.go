@@ -43,7 +43,7 @@ func (k conflictKind) String() string {
 // race counts what the workers saw.
 type race struct {
 	attempts, processed, duplicates, nodeDown atomic.Int64
-	commitUnknown                             atomic.Int64 // of nodeDown: COMMIT failed, its outcome unknown to the client
+	commitUnknown                             atomic.Int64        // of nodeDown: COMMIT failed, its outcome unknown to the client
 	conflicts, inFlight                       [kinds]atomic.Int64 // inFlight: of those, the error the user got wraps inbox.ErrInFlight
 
 	mu          sync.Mutex
