@@ -157,16 +157,20 @@ func (g *Galera) start() error {
 
 // GaleraRedoLog is the size of a node's InnoDB redo log: small, so that a
 // full state transfer, which copies it, takes a second rather than several
-// (the default is 96 MB). A single server compared with the cluster takes
-// the same (StartMariaDB's extra arguments).
+// (the default is 96 MB).
 const GaleraRedoLog = "8M"
+
+// GaleraServerOptions are the mariadbd options a single server needs to be
+// compared with a [Galera] node: the same redo log and log flushing.
+var GaleraServerOptions = []string{"--innodb-log-file-size=" + GaleraRedoLog, "--innodb-flush-log-at-trx-commit=2"}
 
 // myCnf is node n's configuration: the settings Galera requires
 // (binlog_format=ROW, innodb_autoinc_lock_mode=2), its loopback
 // addresses, and group-communication timeouts short enough that a killed
 // node leaves the cluster's view within seconds (the defaults take 15 s).
-// innodb_flush_log_at_trx_commit keeps its default, 1, as on a single
-// server of the tests. pc.recovery=false: a restarted node joins under a
+// innodb_flush_log_at_trx_commit=2, Galera's usual setting: a commit is
+// durable once the cluster has it, and the log reaches the disk once a
+// second ([GaleraServerOptions] give a single server the same). pc.recovery=false: a restarted node joins under a
 // new identity instead of waiting for the cluster to forget its old one.
 func (g *Galera) myCnf(n *GaleraNode, peers []string, ports []int) string {
 	gmcast, ist, sst := ports[0], ports[1], ports[2]
@@ -187,6 +191,7 @@ skip-name-resolve
 max-connections=300
 innodb-buffer-pool-size=32M
 innodb-log-file-size=%[10]s
+innodb-flush-log-at-trx-commit=2
 binlog_format=ROW
 default_storage_engine=InnoDB
 innodb_autoinc_lock_mode=2

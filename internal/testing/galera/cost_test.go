@@ -55,7 +55,7 @@ func (m mode) String() string { return [...]string{"bare", "inbox"}[m] }
 // bare or behind the inbox, with new event ids (no duplicates). Medians of
 // costRounds rounds with their range; ratios are taken within each round.
 func testCost(t *testing.T, cluster *dbserver.Galera) {
-	single := dbserver.StartMariaDB(t, "--innodb-log-file-size="+dbserver.GaleraRedoLog)
+	single := dbserver.StartMariaDB(t, dbserver.GaleraServerOptions...)
 	var deps []*deployment
 	add := func(name string, dsns ...string) {
 		d := &deployment{name: name}

@@ -30,14 +30,15 @@ const (
 type conflictKind int
 
 const (
-	onClaim   conflictKind = iota // the claim's INSERT
-	onHandler                     // the handler's own statement, after the claim succeeded
-	atCommit                      // COMMIT
+	onRegistration conflictKind = iota // the consumer's registration, before a node's first claim
+	onClaim                            // the claim's INSERT
+	onHandler                          // the handler's own statement, after the claim succeeded
+	atCommit                           // COMMIT
 	kinds
 )
 
 func (k conflictKind) String() string {
-	return [...]string{"on the claim", "on the handler's statements", "at COMMIT"}[k]
+	return [...]string{"on the consumer's registration", "on the claim", "on the handler's statements", "at COMMIT"}[k]
 }
 
 // race counts what the workers saw.
@@ -288,8 +289,10 @@ func (r *race) classify(nd *node, a *attempt, err error) {
 		kind = onHandler
 	case a.ob.Outcome == inbox.OutcomeCommitFailed && certificationConflict(err):
 		kind = atCommit
-	case (a.ob.Outcome == inbox.OutcomeInFlight || a.ob.Outcome == inbox.OutcomeClaimFailed) && certificationConflict(err):
+	case a.ob.Outcome == inbox.OutcomeInFlight && certificationConflict(err):
 		kind = onClaim
+	case a.ob.Outcome == inbox.OutcomeClaimFailed && certificationConflict(err):
+		kind = onRegistration
 	}
 	if kind != kinds {
 		r.conflicts[kind].Add(1)
