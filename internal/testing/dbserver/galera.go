@@ -112,7 +112,7 @@ func (g *Galera) start() error {
 	first := g.Nodes[0]
 	t0 := time.Now()
 	install := exec.Command("mariadb-install-db", "--no-defaults", "--user="+g.owner.name, "--datadir="+filepath.Join(first.dir, "data"),
-		"--auth-root-authentication-method=normal", "--skip-test-db", "--innodb-log-file-size="+GaleraRedoLog)
+		"--auth-root-authentication-method=normal", "--skip-test-db", "--innodb-log-file-size="+GaleraRedoLog, installNoSync)
 	install.Dir = first.dir
 	if out, err := install.CombinedOutput(); err != nil {
 		return fmt.Errorf("mariadb-install-db: %v: %s", err, out)
@@ -177,7 +177,7 @@ func (g *Galera) myCnf(n *GaleraNode, peers []string, ports []int) string {
 	options := strings.Join([]string{
 		fmt.Sprintf("gmcast.listen_addr=tcp://127.0.0.1:%d", gmcast),
 		fmt.Sprintf("ist.recv_addr=127.0.0.1:%d", ist),
-		"gcache.size=32M", "pc.recovery=false",
+		"gcache.size=16M", "pc.recovery=false",
 		"evs.keepalive_period=PT0.5S", "evs.inactive_check_period=PT0.5S", "evs.join_retrans_period=PT0.5S",
 		"evs.suspect_timeout=PT3S", "evs.inactive_timeout=PT5S",
 	}, ";")
@@ -192,6 +192,7 @@ max-connections=300
 innodb-buffer-pool-size=32M
 innodb-log-file-size=%[10]s
 innodb-flush-log-at-trx-commit=2
+innodb-temp-data-file-path=ibtmp1:1M:autoextend
 binlog_format=ROW
 default_storage_engine=InnoDB
 innodb_autoinc_lock_mode=2
