@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -71,7 +72,8 @@ func (r *race) unexpectedErr(node string, ob inbox.Observation, err error) {
 // the observer and the handler back to the worker.
 type attempt struct {
 	ob              inbox.Observation
-	handlerConflict bool
+	handlerConflict bool // the handler's statement failed with a conflict
+	handlerDone     bool // the handler returned nil: what failed after it was the commit
 }
 
 type attemptKey struct{}
@@ -209,10 +211,12 @@ func testNodeKilled(t *testing.T, cluster *dbserver.Galera) {
 		"%s; 1 node killed, evicted by the others %s later, synced again %s after the kill (incremental state transfer: %t), %d attempts failed while it was down (%d at COMMIT, whose outcome the client could not know); certification conflicts:",
 		raceEvents, raceEvents*len(nodes), len(nodes), workersPerNode, r.attempts.Load(), took.Round(10*time.Millisecond),
 		r.processed.Load(), r.duplicates.Load(), runs, lost, hooks, verdict, evicted.Round(10*time.Millisecond), rejoined.Round(10*time.Millisecond), ist, r.nodeDown.Load(), r.commitUnknown.Load())
+	var byKind []string
 	for k := range kinds {
 		conflicts += r.conflicts[k].Load()
-		report += fmt.Sprintf(" %d %s (%d wrapped inbox.ErrInFlight),", r.conflicts[k].Load(), k, r.inFlight[k].Load())
+		byKind = append(byKind, fmt.Sprintf("%d %s (%d wrapped inbox.ErrInFlight)", r.conflicts[k].Load(), k, r.inFlight[k].Load()))
 	}
+	report += " " + strings.Join(byKind, ", ")
 	t.Log(report)
 
 	require.Empty(t, unexpected, "errors neither a conflict nor the killed node's")
@@ -240,10 +244,14 @@ func (r *race) handler(nd *node) message.HandlerFunc {
 			}
 			return nil, err
 		}
-		return nil, inbox.AfterCommit(ctx, func(context.Context) error {
+		err := inbox.AfterCommit(ctx, func(context.Context) error {
 			r.count(r.afterCommit, id)
 			return nil
 		})
+		if a, ok := ctx.Value(attemptKey{}).(*attempt); ok && err == nil {
+			a.handlerDone = true
+		}
+		return nil, err
 	}
 }
 
@@ -283,16 +291,19 @@ func (r *race) deliver(nd *node, id string) error {
 
 // classify counts a failed attempt by where it failed.
 func (r *race) classify(nd *node, a *attempt, err error) {
+	// Where it failed is what the attempt saw, not the outcome's name.
 	kind := kinds
+	conflict := certificationConflict(err) || errors.Is(err, inbox.ErrInFlight)
 	switch {
 	case a.handlerConflict:
 		kind = onHandler
-	case a.ob.Outcome == inbox.OutcomeCommitFailed && certificationConflict(err):
+	case !conflict:
+	case a.handlerDone:
 		kind = atCommit
-	case a.ob.Outcome == inbox.OutcomeInFlight && certificationConflict(err):
-		kind = onClaim
-	case a.ob.Outcome == inbox.OutcomeClaimFailed && certificationConflict(err):
+	case a.ob.Outcome == inbox.OutcomeClaimFailed:
 		kind = onRegistration
+	default:
+		kind = onClaim
 	}
 	if kind != kinds {
 		r.conflicts[kind].Add(1)
@@ -303,7 +314,7 @@ func (r *race) classify(nd *node, a *attempt, err error) {
 	}
 	if nd.killed.Load() && !closed(nd.resumed) {
 		r.nodeDown.Add(1)
-		if a.ob.Outcome == inbox.OutcomeCommitFailed {
+		if a.handlerDone {
 			r.commitUnknown.Add(1)
 		}
 		return
