@@ -78,7 +78,7 @@ func testCost(t *testing.T, cluster *dbserver.Galera) {
 	// several nodes at once conflict too, and are retried).
 	for _, d := range deps {
 		for _, m := range []mode{bare, withInbox} {
-			d.run(t, m, -1)
+			d.run(t, m, -1, 50)
 		}
 	}
 	rates := map[string][]float64{} // "deployment/mode" -> per round
@@ -86,7 +86,7 @@ func testCost(t *testing.T, cluster *dbserver.Galera) {
 		for i := range len(deps) * 2 {
 			k := (i + round) % (len(deps) * 2)
 			d, m := deps[k/2], mode(k%2)
-			took := d.run(t, m, round)
+			took := d.run(t, m, round, costMessages)
 			rates[d.name+"/"+m.String()] = append(rates[d.name+"/"+m.String()], float64(costMessages)/took.Seconds())
 		}
 	}
@@ -123,9 +123,9 @@ func testCost(t *testing.T, cluster *dbserver.Galera) {
 	}
 }
 
-// run handles costMessages messages in mode m with costWorkers workers,
-// worker w on target w modulo the targets, and returns how long it took.
-func (d *deployment) run(t *testing.T, m mode, round int) time.Duration {
+// run handles n messages in mode m with costWorkers workers, worker w on
+// target w modulo the targets, and returns how long it took.
+func (d *deployment) run(t *testing.T, m mode, round, n int) time.Duration {
 	t.Helper()
 	ctx := context.Background()
 	var next atomic.Int64
@@ -141,7 +141,7 @@ func (d *deployment) run(t *testing.T, m mode, round int) time.Duration {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := next.Add(1); i <= int64(costMessages); i = next.Add(1) {
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
 				id := fmt.Sprintf("%s-%d-%d", m, round, i)
 				if err := d.handle(ctx, tg, handle, m, id); err != nil {
 					errs <- fmt.Errorf("%s, %s, event %s: %w", d.name, m, id, err)
