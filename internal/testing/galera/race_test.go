@@ -18,6 +18,7 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testing/dbserver"
 	"github.com/watermill-inbox/inbox/internal/testing/stream"
+	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 // The stream of the race: every event delivered once to each node at the
@@ -102,6 +103,7 @@ func certificationConflict(err error) bool {
 type node struct {
 	db      *dbserver.GaleraNode
 	target  *stream.Target
+	store   *sqlinbox.Store
 	handle  message.HandlerFunc
 	queue   chan string
 	killed  atomic.Bool   // set at the kill, for good
@@ -124,7 +126,8 @@ func testNodeKilled(t *testing.T, cluster *dbserver.Galera) {
 	for _, n := range cluster.Nodes {
 		nd := &node{db: n, target: stream.Open(t, "mysql", n.DSN(), tables, 2*workersPerNode),
 			queue: make(chan string, raceEvents), resumed: make(chan struct{})}
-		mw, err := inbox.NewMiddleware(inbox.Config{Store: nd.target.Store, Consumer: stream.Consumer, Observer: observer{}})
+		nd.store = nd.target.Store.(*sqlinbox.Store)
+		mw, err := inbox.NewMiddleware(inbox.Config{Store: nd.store, Consumer: stream.Consumer, Observer: observer{}})
 		require.NoError(t, err)
 		nd.handle = mw(r.handler(nd))
 		nodes = append(nodes, nd)
@@ -294,6 +297,9 @@ func (r *race) classify(nd *node, a *attempt, err error) {
 	// Where it failed is what the attempt saw, not the outcome's name.
 	kind := kinds
 	conflict := certificationConflict(err) || errors.Is(err, inbox.ErrInFlight)
+	if certificationConflict(err) && !nd.store.IsConflict(err) {
+		r.unexpectedErr(nd.db.Name, a.ob, fmt.Errorf("the store does not call it a conflict: %w", err))
+	}
 	switch {
 	case a.handlerConflict:
 		kind = onHandler
