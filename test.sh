@@ -26,6 +26,8 @@ log() { printf 'test.sh: %s\n' "$*" >&2; }
 why_install() {
 	case $1 in
 	prometheus) echo "its promtool checks and unit-tests the alerting rules (its server is not started)" ;;
+	galera-4) echo "the Galera tests start a three-node MariaDB Galera cluster of their own with it" ;;
+	rsync) echo "a Galera node that joins its cluster copies the data with it" ;;
 	*) echo "the tests start a throwaway server from it where none answers${2:+ (at \$$2, or on its usual local port)}" ;;
 	esac
 }
@@ -78,6 +80,13 @@ install_patroni() {
 	/usr/bin/python3 -c 'import etcd' 2>/dev/null || apt_install python3-etcd
 	has etcd || SERVICE=etcd apt_install_stopped etcd-server
 }
+# install_galera installs Galera for the multi-primary tests, which start
+# their own MariaDB cluster, and rsync, with which a joining node copies a
+# donor's data.
+install_galera() {
+	[ -e /usr/lib/galera/libgalera_smm.so ] || apt_install galera-4
+	has rsync || apt_install rsync
+}
 # install_missing installs the Debian package of every server binary that is
 # missing, and promtool.
 install_missing() {
@@ -88,16 +97,18 @@ install_missing() {
 	has nats-server || apt_install nats-server INBOX_TEST_NATS_URL
 	has redis-server || apt_install redis-server INBOX_TEST_REDIS_ADDR
 	install_patroni
+	install_galera
 	install_promtool
 }
 if [ "${1:-}" = --install ]; then
 	install_missing
 	exit 0
 fi
-# promtool, for the alerting rules' tests, and Patroni with etcd, for the
-# failover tests: installed here when missing, as the servers below; without
-# root, the tests say how to get them.
-[ "$(id -u)" != 0 ] || [ "${1:-}" = --lint ] || { install_promtool; install_patroni; }
+# promtool, for the alerting rules' tests, Patroni with etcd, for the
+# failover tests, and Galera, for the multi-primary tests: installed here
+# when missing, as the servers below; without root, the tests say how to get
+# them.
+[ "$(id -u)" != 0 ] || [ "${1:-}" = --lint ] || { install_promtool; install_patroni; install_galera; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/inbox-test.XXXXXX")
 chmod 755 "$work"

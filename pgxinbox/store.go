@@ -50,6 +50,7 @@ var (
 	_ inboxdriver.TxWriteCounter      = (*Store)(nil)
 	_ inboxdriver.ConsumerRegistry    = (*Store)(nil)
 	_ inboxdriver.UnavailableDetector = (*Store)(nil)
+	_ inboxdriver.ConflictDetector    = (*Store)(nil)
 )
 
 // NewStore returns a [Store] for pool, configured as a [sqlinbox.Store]:
@@ -133,6 +134,11 @@ func (s *Store) OldestClaim(ctx context.Context) (time.Time, bool, error) {
 // CheckEventID implements [inboxdriver.EventIDChecker] as
 // [sqlinbox.Store.CheckEventID] does.
 func (s *Store) CheckEventID(id string) (string, error) { return s.sql.CheckEventID(id) }
+
+// IsConflict reports whether err is PostgreSQL aborting the transaction for
+// a concurrent one (SQLSTATE 40001 or 40P01), as
+// [sqlinbox.Store.IsConflict] does; pgx's errors carry the SQLSTATE too.
+func (s *Store) IsConflict(err error) bool { return s.sql.IsConflict(err) }
 
 // CheckFingerprints implements [inboxdriver.FingerprintChecker] as
 // [sqlinbox.Store.CheckFingerprints] does.

@@ -20,6 +20,9 @@ type Dialect interface {
 	//
 	// [inbox.ErrInFlight]: https://pkg.go.dev/github.com/watermill-inbox/inbox#ErrInFlight
 	classify(err error) error
+	// conflict reports whether err aborted the transaction for a
+	// concurrent one ([Store.IsConflict]).
+	conflict(err error) bool
 	// claimTimeoutLimit is the longest [Config.ClaimTimeout] the database's
 	// setting takes, and that setting; 0 where ClaimTimeout is refused
 	// anyway.

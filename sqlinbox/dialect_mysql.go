@@ -155,7 +155,7 @@ func verifyAffectedRows(ctx context.Context, db *sql.DB, q queries, uuidIDs, fin
 // MySQL and MariaDB error numbers.
 const (
 	mysqlLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
-	mysqlDeadlock        = 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back
+	mysqlDeadlock        = 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back (Galera: certification failed)
 	mysqlNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
 )
 
@@ -166,6 +166,11 @@ const mariadbMaxLockWait = 100_000_000 * time.Second
 
 func (mysqlDialect) claimTimeoutLimit() (time.Duration, string) {
 	return mariadbMaxLockWait, "MariaDB's innodb_lock_wait_timeout"
+}
+
+func (mysqlDialect) conflict(err error) bool {
+	number, ok := mysqlErrorNumber(err)
+	return ok && number == mysqlDeadlock
 }
 
 func (mysqlDialect) classify(err error) error {

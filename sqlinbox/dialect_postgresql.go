@@ -62,6 +62,14 @@ func (postgresql) claimTimeoutLimit() (time.Duration, string) {
 	return pgMaxTimeout, "PostgreSQL's lock_timeout"
 }
 
+func (postgresql) conflict(err error) bool {
+	switch pgCode(err) {
+	case "40001", "40P01": // serialization_failure, deadlock_detected
+		return true
+	}
+	return false
+}
+
 func (postgresql) classify(err error) error {
 	switch pgCode(err) {
 	case "55P03": // lock_not_available: lock_timeout expired

@@ -112,6 +112,10 @@ type sqliteCoder interface{ Code() int }
 
 func (sqlite) claimTimeoutLimit() (time.Duration, string) { return 0, "" }
 
+// conflict is always false: the claim holds the write lock, so nothing
+// conflicts with the transaction once it succeeded.
+func (sqlite) conflict(error) bool { return false }
+
 func (sqlite) classify(err error) error {
 	if sqliteBusyErr(err) {
 		// The busy timeout expired before this transaction got the write

@@ -155,6 +155,7 @@ var (
 	_ inboxdriver.EventIDChecker      = (*Store)(nil)
 	_ inboxdriver.FingerprintChecker  = (*Store)(nil)
 	_ inboxdriver.UnavailableDetector = (*Store)(nil)
+	_ inboxdriver.ConflictDetector    = (*Store)(nil)
 )
 
 // New returns a [Store] for db. It validates the configuration but does not
