@@ -74,7 +74,7 @@ func (m maintainer) DownSQL() (dropTable, dropFingerprint string) {
 	if err != nil {
 		return "", ""
 	}
-	// The registry goes with the table: its owners are the table's
+	// The lease table goes with the table: its leases are on the table's
 	// consumers, and an Up after this Down creates both again.
 	return q.dropTable + ";\n" + m.s.q.leases.drop, q.dropFingerprint
 }

@@ -101,8 +101,8 @@ func Name(prefix string) string {
 	return prefix + "_" + hex.EncodeToString(b)
 }
 
-// Table returns a unique table name and drops that table and its consumer
-// registry (if they were created) when the test ends.
+// Table returns a unique table name and drops that table and its lease
+// table (if they were created) when the test ends.
 func Table(t testing.TB, db *sql.DB, prefix string) string {
 	t.Helper()
 	name := Name(prefix)
