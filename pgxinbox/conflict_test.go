@@ -42,8 +42,9 @@ func TestIsConflict(t *testing.T) {
 	second := make(chan error, 1)
 	go func() { _, err := tx1.Exec(ctx, update, 2); second <- err }()
 	_, deadlock := tx2.Exec(ctx, update, 1)
-	if deadlock == nil { // tx1 was the victim
+	if deadlock == nil { // tx1 was the victim; tx2 holds both rows until it ends
 		deadlock = <-second
+		require.NoError(t, tx2.Rollback(ctx))
 	} else {
 		require.NoError(t, tx2.Rollback(ctx))
 		require.NoError(t, <-second)
