@@ -57,8 +57,11 @@ func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
 		Before:      s.q.beforeClaim,
 		CheckBefore: s.q.checkBeforeClaim,
 		Insert:      s.q.claim,
-		Args:        s.claimArgs,
-		OnlyIDs:     !s.q.idTime && !s.config.Fingerprints,
+		// PostgreSQL's (pgxinbox), which has no shard key column.
+		Args: func(consumer, eventID string, fingerprint []byte) ([]any, error) {
+			return s.claimArgs(consumer, eventID, "", fingerprint)
+		},
+		OnlyIDs:     s.onlyIDs(),
 		Claimed:     s.claimed,
 		After:       s.q.afterClaim,
 		Fingerprint: s.q.fingerprint,

@@ -94,6 +94,20 @@ type Config struct {
 	// did.
 	Fingerprints bool
 
+	// ShardKeyColumn names a column the table [Store.CreateSchema] makes
+	// holds each claim's shard key (VARBINARY(255), the key of the rows
+	// the handler writes, such as a customer id), for a MySQL database
+	// sharded by Vitess whose vschema shards the inbox table by this
+	// column with the vindex of the handler's own tables: the claim then
+	// lands on the shard of the handler's writes, and the transaction never
+	// spans shards (see docs/databases.md). Every copy of an event must
+	// carry the same key: the primary key (consumer, event_id) is unique
+	// per shard only. A claim without a key is refused with
+	// [ErrShardKey]. MySQL only; it must match the table CreateSchema
+	// made. Defaults to "": no shard key, the table is sharded by
+	// event_id if at all.
+	ShardKeyColumn string
+
 	// TransactionPooling declares that the store reaches PostgreSQL through
 	// a proxy that pools server connections per transaction (PgBouncer's
 	// pool_mode = transaction before 1.21, or without
@@ -182,6 +196,9 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	if err := checkPartitioning(config); err != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
+	if err := checkShardKeyColumn(config); err != nil {
+		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
+	}
 	q := config.Dialect.queries(t, config)
 	if q.configErr != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", q.configErr)
@@ -237,6 +254,16 @@ func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
 // REPEATABLE READ, where the claim sees only rows it can read), then rolls
 // back.
 func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventID string, fingerprint []byte) (inbox.StoreTx, []byte, error) {
+	return s.ClaimWithShardKey(ctx, opts, consumer, eventID, "", fingerprint)
+}
+
+// ClaimWithShardKey is [Store.Claim] storing shardKey in
+// [Config.ShardKeyColumn], which routes the claim to the shard of the
+// handler's rows.
+func (s *Store) ClaimWithShardKey(ctx context.Context, opts *sql.TxOptions, consumer, eventID, shardKey string, fingerprint []byte) (inbox.StoreTx, []byte, error) {
+	if err := s.checkShardKey(shardKey); err != nil {
+		return nil, nil, err
+	}
 	if fingerprint != nil {
 		if err := s.CheckFingerprints(); err != nil {
 			return nil, nil, err
@@ -264,7 +291,7 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 	if err != nil {
 		return nil, nil, s.dialect.classify(err)
 	}
-	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID, fingerprint)
+	claimed, err := s.claim(ctx, tx, stmt, consumer, eventID, shardKey, fingerprint)
 	if stmt != nil && lostPrepared(err) {
 		// The statement failed before it ran: nothing was claimed, and
 		// the same claim, unprepared, in a new transaction, is the first.
@@ -273,7 +300,7 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 		if tx, err = s.db.BeginTx(ctx, opts); err != nil {
 			return nil, nil, s.dialect.classify(err)
 		}
-		claimed, err = s.claim(ctx, tx, nil, consumer, eventID, fingerprint)
+		claimed, err = s.claim(ctx, tx, nil, consumer, eventID, shardKey, fingerprint)
 	}
 	if err == nil && !s.verified.Load() {
 		s.verified.Store(true)
@@ -283,7 +310,7 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 	}
 	var stored []byte
 	if err == nil && fingerprint != nil {
-		stored, err = s.storedFingerprint(ctx, tx, consumer, eventID)
+		stored, err = s.storedFingerprint(ctx, tx, consumer, eventID, shardKey)
 	}
 	_ = tx.Rollback()
 	if err != nil {
@@ -296,9 +323,9 @@ func (s *Store) Claim(ctx context.Context, opts *sql.TxOptions, consumer, eventI
 // when it has none or was purged meanwhile. A function of its own, so that
 // the variable Scan fills escapes to the heap only for duplicates that need
 // it.
-func (s *Store) storedFingerprint(ctx context.Context, tx *sql.Tx, consumer, eventID string) ([]byte, error) {
+func (s *Store) storedFingerprint(ctx context.Context, tx *sql.Tx, consumer, eventID, shardKey string) ([]byte, error) {
 	var stored []byte
-	args, err := s.claimArgs(consumer, eventID, nil)
+	args, err := s.claimArgs(consumer, eventID, shardKey, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -322,9 +349,8 @@ func (s *Store) CheckFingerprints() error {
 }
 
 // claim runs the claim statement, prepared as stmt or, when stmt is nil,
-// unprepared; fingerprint is its third parameter when [Config.Fingerprints]
-// is set (nil stores NULL).
-func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID string, fingerprint []byte) (bool, error) {
+// unprepared, with the parameters of [Store.claimArgs].
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer, eventID, shardKey string, fingerprint []byte) (bool, error) {
 	if s.q.beforeClaim != "" {
 		var result string
 		if err := tx.QueryRowContext(ctx, s.q.beforeClaim, consumer, eventID).Scan(&result); err != nil {
@@ -339,13 +365,13 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 		err error
 	)
 	switch {
-	case stmt != nil && !s.q.idTime && !s.config.Fingerprints:
+	case stmt != nil && s.onlyIDs():
 		// The common case without building a slice, and with the consumer
 		// converted once per store: two allocations less.
 		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, s.consumerArg.Arg(consumer), eventID)
 	default:
 		var args []any
-		if args, err = s.claimArgs(consumer, eventID, fingerprint); err != nil {
+		if args, err = s.claimArgs(consumer, eventID, shardKey, fingerprint); err != nil {
 			return false, err
 		}
 		if stmt != nil {
@@ -372,10 +398,16 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, consumer,
 	return true, nil
 }
 
+// onlyIDs reports that the claim's parameters are the consumer and the
+// event id alone.
+func (s *Store) onlyIDs() bool {
+	return !s.q.idTime && !s.config.Fingerprints && s.config.ShardKeyColumn == ""
+}
+
 // claimArgs are the claim's parameters: the consumer, the event id, the
-// time inside the id on a table partitioned by it, and the fingerprint
-// under [Config.Fingerprints].
-func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, error) {
+// time inside the id on a table partitioned by it, the shard key under
+// [Config.ShardKeyColumn], and the fingerprint under [Config.Fingerprints].
+func (s *Store) claimArgs(consumer, eventID, shardKey string, fingerprint []byte) ([]any, error) {
 	args := make([]any, 2, 4)
 	args[0], args[1] = consumer, eventID
 	if s.q.idTime {
@@ -384,6 +416,9 @@ func (s *Store) claimArgs(consumer, eventID string, fingerprint []byte) ([]any, 
 			return nil, err
 		}
 		args = append(args, at)
+	}
+	if s.config.ShardKeyColumn != "" {
+		args = append(args, shardKey)
 	}
 	if s.config.Fingerprints {
 		args = append(args, nullBytes(fingerprint))
