@@ -410,9 +410,15 @@ oldest_go() {
 
 # Every module of the repository, the library's first.
 modules=(.)
-# internal/tools is not one: it holds no package, only the linter's pin (below).
+# internal/tools and internal/testing/vitess/tools are not: they hold no
+# package, only the pins of the linter (below) and of Vitess (which the
+# Vitess tests build).
 tools=internal/tools
-while read -r mod; do modules+=("$(dirname "$mod")"); done < <(find . -mindepth 2 -name go.mod -not -path './.git/*' -not -path "./$tools/*" | sort)
+pins=("$tools" internal/testing/vitess/tools)
+while read -r mod; do
+	case " ${pins[*]} " in *" $(dirname "${mod#./}") "*) continue ;; esac
+	modules+=("$(dirname "$mod")")
+done < <(find . -mindepth 2 -name go.mod -not -path './.git/*' | sort)
 # module_of prints the module directory that holds package path $1.
 module_of() {
 	local best=. m

@@ -242,6 +242,9 @@ func (s *Store) Table() string { return s.table.String() }
 // Partitioning returns the table layout the store was configured with.
 func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
 
+// ShardKeyColumn returns [Config.ShardKeyColumn], "" for none.
+func (s *Store) ShardKeyColumn() string { return s.config.ShardKeyColumn }
+
 // Claim implements [inbox.Store]: BEGIN, then the claim as the
 // transaction's first statement. The claim is a prepared statement, so after
 // the first use on a connection it costs one round trip on every driver;
