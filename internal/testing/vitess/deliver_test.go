@@ -39,8 +39,8 @@ func newEvents(n, customers int) []event {
 // tally counts what the deliveries of a stream did.
 type tally struct {
 	deliveries, attempts, committed, duplicates, inFlight atomic.Int64
-	mu                                                   sync.Mutex
-	failed                                               map[string]error // event id: the handler's error
+	mu                                                    sync.Mutex
+	failed                                                map[string]error // event id: the handler's error
 }
 
 // requireNoFailure fails the test with the first few failures, if any.
