@@ -111,6 +111,17 @@ func (v *Vitess) ShardDSN(shard string) string {
 	return fmt.Sprintf("root@tcp(127.0.0.1:%d)/%s:%s", v.port, v.keyspace, shard)
 }
 
+// DirectDSN returns a DSN on MariaDB itself, past vtgate and vttablet,
+// on shard's database (vt_KEYSPACE_SHARD), through its socket as vt_dba.
+func (v *Vitess) DirectDSN(shard string) string {
+	socks, _ := filepath.Glob(filepath.Join(v.dir, "data", "vt_*", "mysql.sock"))
+	sock := filepath.Join(v.dir, "data", "vt_0000000001", "mysql.sock")
+	if len(socks) > 0 {
+		sock = socks[0]
+	}
+	return fmt.Sprintf("vt_dba@unix(%s)/vt_%s_%s", sock, v.keyspace, shard)
+}
+
 // Shards returns the shards' names, in key order ("-80", "80-").
 func (v *Vitess) Shards() []string { return v.shards }
 
