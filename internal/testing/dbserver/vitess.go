@@ -326,7 +326,12 @@ func (v *Vitess) start(config VitessConfig) error {
 	}
 	v.proc = proc
 	err = waitUntil(proc, v.serving)
-	for _, pid := range v.mysqlPids() {
+	// vtcombo, and MariaDB outside vttestserver's tree, for test.sh.
+	pids := v.mysqlPids()
+	if tree := descendants([]int{proc.cmd.Process.Pid}); len(tree) > 1 {
+		pids = append(pids, tree[1:]...)
+	}
+	for _, pid := range pids {
 		recordPid(v.dir, pid)
 	}
 	return err
