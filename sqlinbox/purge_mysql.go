@@ -99,7 +99,7 @@ func mysqlPurgeLockName(t tableName) string {
 //
 // Each lock function runs in a SELECT of its own, without FROM or any other
 // expression: Vitess's vtgate runs lock functions only so, on a session of
-// their own on the keyspace's first shard. The holder is known by the id
+// their own on one shard of the keyspace. The holder is known by the id
 // IS_USED_LOCK reports, not by CONNECTION_ID(), which through vtgate is
 // the id of whichever connection ran that statement.
 type mysqlPurgeLock struct {
