@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
@@ -109,6 +110,7 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 		secs := int64((c.ClaimTimeout + time.Second - 1) / time.Second)
 		q.claim = fmt.Sprintf("SET STATEMENT innodb_lock_wait_timeout=%d FOR %s", secs, q.claim)
 	}
+	q.vitess = new(atomic.Bool)
 	q.verify = func(ctx context.Context, db *sql.DB, q queries) error {
 		if c.ClaimTimeout > 0 {
 			var version string
@@ -119,9 +121,11 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 				return fmt.Errorf("%w: server %s cannot scope innodb_lock_wait_timeout to one statement (MariaDB's SET STATEMENT); leave ClaimTimeout at 0 and set innodb_lock_wait_timeout=N in the DSN", ErrClaimTimeoutUnsupported, version)
 			}
 		}
-		if err := checkVitessTransactionMode(ctx, db); err != nil {
+		vitess, err := checkVitessTransactionMode(ctx, db)
+		if err != nil {
 			return err
 		}
+		q.vitess.Store(vitess)
 		return verifyAffectedRows(ctx, db, q, c)
 	}
 	return q

@@ -22,20 +22,26 @@ var ErrVitessMultiTransactions = errors.New("sqlinbox: Vitess commits a transact
 const mysqlUnknownSystemVariable = 1193
 
 // checkVitessTransactionMode reads the session's transaction_mode, which
-// only vtgate knows, and refuses MULTI. One statement on one connection of
-// the pool, once per [Store]: the mode comes from vtgate's flag or from the
-// DSN, the same for every connection.
-func checkVitessTransactionMode(ctx context.Context, db *sql.DB) error {
+// only vtgate knows, and refuses MULTI; vitess reports whether vtgate
+// answered. One statement on one connection of the pool, once per
+// [Store]: the mode comes from vtgate's flag or from the DSN, the same for
+// every connection.
+func checkVitessTransactionMode(ctx context.Context, db *sql.DB) (vitess bool, err error) {
 	var mode string
-	err := db.QueryRowContext(ctx, "SELECT @@transaction_mode").Scan(&mode)
+	err = db.QueryRowContext(ctx, "SELECT @@transaction_mode").Scan(&mode)
 	if n, ok := mysqlErrorNumber(err); ok && n == mysqlUnknownSystemVariable {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return fmt.Errorf("sqlinbox: checking for Vitess's transaction_mode: %w", MySQL.classify(err))
+		return false, fmt.Errorf("sqlinbox: checking for Vitess's transaction_mode: %w", MySQL.classify(err))
 	}
 	if strings.EqualFold(mode, "multi") {
-		return ErrVitessMultiTransactions
+		return true, ErrVitessMultiTransactions
 	}
-	return nil
+	return true, nil
 }
+
+// onVitess reports whether the store's first claim found Vitess's vtgate.
+// vtgate answers SHOW SESSION STATUS from another connection than the
+// transaction's, so [Store.CountTxWrites] cannot tell there.
+func (s *Store) onVitess() bool { return s.q.vitess != nil && s.q.vitess.Load() }

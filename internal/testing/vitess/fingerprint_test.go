@@ -44,3 +44,20 @@ func TestFingerprintOfADuplicate(t *testing.T) {
 		})
 	}
 }
+
+// vtgate answers SHOW SESSION STATUS from another connection than the
+// transaction's, so the count of the transaction's writes, which the
+// middleware's check of a produced-message publisher reads, is not there:
+// the store says it cannot tell.
+func TestTransactionWritesCannotBeCounted(t *testing.T) {
+	t.Parallel()
+	db := open(t)
+	store := newStore(t, db, sqlinbox.Config{ShardKeyColumn: "shard_key"}, "shard_key", "hash")
+	tx, _, err := store.ClaimWithShardKey(t.Context(), nil, "billing", "event-1", "7", nil)
+	require.NoError(t, err)
+	require.NotNil(t, tx)
+	defer tx.Rollback(t.Context()) //nolint:errcheck // the test only reads
+	_, ok, err := store.CountTxWrites(t.Context(), tx)
+	require.NoError(t, err)
+	require.False(t, ok)
+}
