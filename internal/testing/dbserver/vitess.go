@@ -211,8 +211,8 @@ func stderrOf(err error) string {
 	return ""
 }
 
-// writeVTRoot lays out the VTROOT vttestserver reads: bin/ with copies of
-// the binaries (the build cache may be unreadable for the server's user),
+// writeVTRoot lays out the VTROOT vttestserver reads: bin/ with the
+// binaries (the build cache may be unreadable for the server's user),
 // and config/ with Vitess's files changed for MariaDB 10.11:
 //   - mysqlctl's my.cnf template without the semi-sync plugin-load line
 //     (MariaDB has semi-sync built in, and no such plugin file), through a
@@ -227,15 +227,6 @@ func (v *Vitess) writeVTRoot(bins map[string]string, moduleDir string) error {
 	}
 	if err := os.MkdirAll(cnfDir, 0o755); err != nil {
 		return err
-	}
-	for name, bin := range bins {
-		dest := name
-		if name == "mysqlctl" {
-			dest = "mysqlctl.bin"
-		}
-		if err := copyFile(bin, filepath.Join(root, "bin", dest), 0o755); err != nil {
-			return err
-		}
 	}
 	read := func(rel string) (string, error) {
 		b, err := os.ReadFile(filepath.Join(moduleDir, "config", rel))
@@ -268,7 +259,26 @@ func (v *Vitess) writeVTRoot(bins map[string]string, moduleDir string) error {
 			return err
 		}
 	}
-	return chownTree(v.dir, v.owner)
+	if err := chownTree(v.dir, v.owner); err != nil {
+		return err
+	}
+	// Last, so that the chown above leaves the build cache's files alone.
+	for name, bin := range bins {
+		dest := name
+		if name == "mysqlctl" {
+			dest = "mysqlctl.bin"
+		}
+		// A hard link where the build cache is on the same file system:
+		// the cache's directories may be closed to the server's user, its
+		// files (0755) are not.
+		if err := os.Link(bin, filepath.Join(root, "bin", dest)); err == nil {
+			continue
+		}
+		if err := copyFile(bin, filepath.Join(root, "bin", dest), 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // dropLines removes the lines of s that start with one of prefixes.
