@@ -375,6 +375,46 @@ await_rabbitmq() {
 	log "started a throwaway RabbitMQ on ${url%/} in $(cat "$work/rabbitmq/took") ms, in the background (the tests waited $(($(now_ms) - t0)) ms for it)"
 }
 
+# The Vitess tests (internal/testing/vitess) start a vttestserver of their
+# own, whose binaries build from the release internal/testing/vitess/tools
+# pins. Go's build cache keeps them: the first build on a machine compiles
+# for minutes, which would count against the test binary's timeout, later
+# ones take seconds. start_vitess_build builds them in the background;
+# await_vitess waits for it before the tests that need them.
+vitess_tools=internal/testing/vitess/tools
+start_vitess_build() {
+	(
+		t0=$(now_ms)
+		for tool in vttestserver vtcombo mysqlctl; do
+			go -C "$vitess_tools" tool -n "$tool" >/dev/null || exit 1
+		done
+		echo $(($(now_ms) - t0)) >"$work/vitess-build-took"
+	) >"$work/vitess-build.log" 2>&1 &
+	vitess_builder=$!
+	background+=("$vitess_builder")
+}
+await_vitess() {
+	[ -n "${vitess_builder:-}" ] || return 0
+	local t0 status=0
+	t0=$(now_ms)
+	wait "$vitess_builder" || status=$?
+	vitess_builder=
+	if [ "$status" != 0 ]; then
+		log "building Vitess failed (the Vitess tests will say why again):"
+		cat "$work/vitess-build.log" >&2
+		return 0
+	fi
+	log "built Vitess (vttestserver, vtcombo, mysqlctl) in $(cat "$work/vitess-build-took") ms, in the background (the tests waited $(($(now_ms) - t0)) ms for it)"
+}
+# wants_vitess reports whether the package patterns $@ include the Vitess tests.
+wants_vitess() {
+	local p
+	for p in "$@"; do
+		case "${p%/}" in ./internal/testing/vitess | ./internal/testing/...) return 0 ;; esac
+	done
+	return 1
+}
+
 # start_server NAME PACKAGE VAR BASE SCHEME LABEL starts the throwaway server
 # run_NAME (from Debian package PACKAGE, binary of the same name) and exports
 # VAR=SCHEME127.0.0.1:port.
@@ -421,9 +461,15 @@ oldest_go() {
 
 # Every module of the repository, the library's first.
 modules=(.)
-# internal/tools is not one: it holds no package, only the linter's pin (below).
+# internal/tools and internal/testing/vitess/tools are not: they hold no
+# package, only the pins of the linter (below) and of Vitess (which the
+# Vitess tests build).
 tools=internal/tools
-while read -r mod; do modules+=("$(dirname "$mod")"); done < <(find . -mindepth 2 -name go.mod -not -path './.git/*' -not -path "./$tools/*" | sort)
+pins=("$tools" internal/testing/vitess/tools)
+while read -r mod; do
+	case " ${pins[*]} " in *" $(dirname "${mod#./}") "*) continue ;; esac
+	modules+=("$(dirname "$mod")")
+done < <(find . -mindepth 2 -name go.mod -not -path './.git/*' | sort)
 # module_of prints the module directory that holds package path $1.
 module_of() {
 	local best=. m
@@ -528,11 +574,13 @@ if [ -z "${INBOX_TEST_MYSQL_DSN:-}" ]; then
 fi
 
 if [ $# -eq 0 ]; then
-	# Lint first: RabbitMQ boots meanwhile.
+	start_vitess_build
+	# Lint first: RabbitMQ boots and Vitess builds meanwhile.
 	lint_all
 	for m in "${modules[@]}"; do
 		# The library's own tests need no broker: RabbitMQ boots meanwhile.
 		[ "$m" = . ] || await_rabbitmq
+		[ "$m" != ./internal/testing ] || await_vitess
 		mapfile -t pkgs < <(packages_of "$m")
 		step "go vet in module $m" in_dir "$m" go vet "${pkgs[@]}"
 		step "go test in module $m" in_dir "$m" go test -race -count=1 ./...
@@ -566,6 +614,10 @@ for a in "$@"; do
 	case "$a" in ./* | .) pkgs+=("$a") ;; *) flags+=("$a") ;; esac
 done
 [ ${#pkgs[@]} -gt 0 ] || pkgs=(./...)
+if wants_vitess "${pkgs[@]}"; then
+	start_vitess_build
+	await_vitess
+fi
 await_rabbitmq
 for p in "${pkgs[@]}"; do
 	step "go test $p" in_module test "$p" -race -count=1 "${flags[@]}"

@@ -136,14 +136,17 @@ func typeOf(cols []column, name string) (string, bool) {
 	return cols[i].typ, true
 }
 
-// columnsFinding compares the claim's columns: three, and event_time on a
-// table partitioned by it.
+// columnsFinding compares the claim's columns: three, event_time on a
+// table partitioned by it, and the shard key column when there is one.
 func (m maintainer) columnsFinding(q maintenanceQueries, cols []column) maintenance.Finding {
 	f := maintenance.Finding{Aspect: maintenance.AspectColumns, OK: true}
 	var found, want []string
 	names := []string{"consumer", "event_id", "processed_at"}
 	if m.s.q.idTime {
 		names = append(names, "event_time")
+	}
+	if sk := m.s.config.ShardKeyColumn; sk != "" {
+		names = append(names, sk)
 	}
 	for _, name := range names {
 		typ, ok := typeOf(cols, name)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -76,6 +77,9 @@ type queries struct {
 	// verify checks, once per [Store] before the first claim, that the
 	// connection settings let claim report affected rows exactly.
 	verify func(ctx context.Context, db *sql.DB, q queries) error
+	// vitess, when set, is set by verify once it finds Vitess's vtgate
+	// in front of MySQL (see vitess.go).
+	vitess *atomic.Bool
 	// configErr, when set, is why the dialect cannot honour the [Config];
 	// [New] returns it.
 	configErr error

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
@@ -48,9 +49,18 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 		// CheckEventID hands over the canonical 36-character form.
 		idType, idValue = "BINARY(16)", "UNHEX(REPLACE(?, '-', ''))"
 	}
-	cols, fpCol, fpVal := "consumer, event_id", "", ""
+	cols, vals, extraCols, key := "consumer, event_id", "?, "+idValue, "", "consumer = ? AND event_id = "+idValue
+	if sk := c.ShardKeyColumn; sk != "" {
+		// Vitess routes the claim, and the fingerprint read of a
+		// duplicate, to the shard of this column's vindex; without it in
+		// the WHERE clause that read would scatter to every shard.
+		sk = quoteName(sk, '`')
+		cols, vals, key = cols+", "+sk, vals+", ?", key+" AND "+sk+" = ?"
+		extraCols += fmt.Sprintf("\t%-12s VARBINARY(%d) NOT NULL,\n", sk, MaxShardKeyLength)
+	}
 	if c.Fingerprints {
-		cols, fpCol, fpVal = "consumer, event_id, fingerprint", "\tfingerprint  VARBINARY(64) NULL,\n", ", ?"
+		cols, vals = cols+", fingerprint", vals+", ?"
+		extraCols += "\tfingerprint  VARBINARY(64) NULL,\n"
 	}
 	q := queries{
 		schema: []string{
@@ -71,18 +81,21 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 				"\tPRIMARY KEY (consumer, event_id),\n"+
 				"\tKEY %s (processed_at)\n"+
 				") ENGINE=InnoDB",
-				table, idType, fpCol, quoteName(t.name+"_processed_at_idx", '`')),
+				table, idType, extraCols, quoteName(t.name+"_processed_at_idx", '`')),
 		},
 		// Not INSERT IGNORE: it turns every error (truncation, a bad value)
 		// into a warning and zero rows, which would ack a message as a
 		// duplicate. ON DUPLICATE KEY UPDATE with a no-op assignment fails
 		// only on real errors and reports 1 row for an insert, 0 for an
 		// unchanged existing row. A copy of the event still inside another
-		// transaction makes it wait for that row's lock.
-		claim: fmt.Sprintf("INSERT INTO %s (%s) VALUES (?, %s%s) ON DUPLICATE KEY UPDATE consumer = consumer", table, cols, idValue, fpVal),
+		// transaction makes it wait for that row's lock. The no-op assigns
+		// processed_at, which no vschema shards by: Vitess refuses an
+		// assignment to a vindex column (consumer, event_id or the shard
+		// key), even of the column to itself (VT12001).
+		claim: fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON DUPLICATE KEY UPDATE processed_at = processed_at", table, cols, vals),
 	}
 	if c.Fingerprints {
-		q.fingerprint = fmt.Sprintf("SELECT fingerprint FROM %s WHERE consumer = ? AND event_id = %s", table, idValue)
+		q.fingerprint = fmt.Sprintf("SELECT fingerprint FROM %s WHERE %s", table, key)
 	}
 	// MySQL 8 has no ADD COLUMN IF NOT EXISTS; both add a last nullable
 	// column in place (ALGORITHM=INSTANT where the server can).
@@ -97,6 +110,7 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 		secs := int64((c.ClaimTimeout + time.Second - 1) / time.Second)
 		q.claim = fmt.Sprintf("SET STATEMENT innodb_lock_wait_timeout=%d FOR %s", secs, q.claim)
 	}
+	q.vitess = new(atomic.Bool)
 	q.verify = func(ctx context.Context, db *sql.DB, q queries) error {
 		if c.ClaimTimeout > 0 {
 			var version string
@@ -107,7 +121,12 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 				return fmt.Errorf("%w: server %s cannot scope innodb_lock_wait_timeout to one statement (MariaDB's SET STATEMENT); leave ClaimTimeout at 0 and set innodb_lock_wait_timeout=N in the DSN", ErrClaimTimeoutUnsupported, version)
 			}
 		}
-		return verifyAffectedRows(ctx, db, q, c.UUIDEventIDs, c.Fingerprints)
+		vitess, err := checkVitessTransactionMode(ctx, db)
+		if err != nil {
+			return err
+		}
+		q.vitess.Store(vitess)
+		return verifyAffectedRows(ctx, db, q, c)
 	}
 	return q
 }
@@ -115,13 +134,13 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 // verifyAffectedRows claims one probe key twice in a transaction it rolls
 // back: the second claim must report 0 rows. With clientFoundRows=true it
 // reports 1 and every duplicate would run the handler again.
-func verifyAffectedRows(ctx context.Context, db *sql.DB, q queries, uuidIDs, fingerprints bool) error {
+func verifyAffectedRows(ctx context.Context, db *sql.DB, q queries, c Config) error {
 	// A random id keeps concurrent probes from waiting on each other; the
 	// NUL in the consumer keeps the probe apart from every valid consumer.
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	id := fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-	if !uuidIDs {
+	if !c.UUIDEventIDs {
 		id = "probe-" + id
 	}
 	tx, err := db.BeginTx(ctx, nil)
@@ -130,7 +149,11 @@ func verifyAffectedRows(ctx context.Context, db *sql.DB, q queries, uuidIDs, fin
 	}
 	defer tx.Rollback() //nolint:errcheck // the probe never commits
 	args := []any{"\x00sqlinbox-probe", id}
-	if fingerprints {
+	if c.ShardKeyColumn != "" {
+		// A number: every vindex maps one, Vitess's hash only numbers.
+		args = append(args, "0")
+	}
+	if c.Fingerprints {
 		args = append(args, nil)
 	}
 	for i, want := range []int64{1, 0} {

@@ -58,7 +58,7 @@ func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
 		CheckBefore: s.q.checkBeforeClaim,
 		Insert:      s.q.claim,
 		Args:        s.claimArgs,
-		OnlyIDs:     !s.q.idTime && !s.config.Fingerprints,
+		OnlyIDs:     s.onlyIDs(),
 		Claimed:     s.claimed,
 		After:       s.q.afterClaim,
 		Fingerprint: s.q.fingerprint,

@@ -27,6 +27,10 @@ func (mysqlDialect) maintenanceQueries(t tableName, c Config) maintenanceQueries
 	claimsOf := func(n int) string {
 		return fmt.Sprintf("SELECT %s FROM %s WHERE consumer = ? AND event_id IN (%s)", claim, table, ids(n))
 	}
+	wantColumns := map[string]string{"consumer": "varbinary(255)", "event_id": idType, "processed_at": "datetime(6)", "fingerprint": "varbinary(64)"}
+	if c.ShardKeyColumn != "" {
+		wantColumns[c.ShardKeyColumn] = fmt.Sprintf("varbinary(%d)", MaxShardKeyLength)
+	}
 	return maintenanceQueries{
 		now: "SELECT " + utc("UTC_TIMESTAMP(6)"),
 		// processed_at is UTC from the database clock (see the schema).
@@ -52,7 +56,7 @@ FROM %s GROUP BY consumer`, utc("MIN(processed_at)"), utc("MAX(processed_at)"), 
 		columns:         "SELECT column_name, column_type FROM information_schema.columns WHERE " + where + " ORDER BY ordinal_position",
 		primaryKey:      "SELECT column_name FROM information_schema.statistics WHERE " + where + " AND index_name = 'PRIMARY' ORDER BY seq_in_index",
 		indexLeads:      "SELECT column_name FROM information_schema.statistics WHERE " + where + " AND seq_in_index = 1",
-		wantColumns:     map[string]string{"consumer": "varbinary(255)", "event_id": idType, "processed_at": "datetime(6)", "fingerprint": "varbinary(64)"},
+		wantColumns:     wantColumns,
 		dropTable:       "DROP TABLE IF EXISTS " + table,
 		dropFingerprint: "ALTER TABLE " + table + " DROP COLUMN IF EXISTS fingerprint",
 	}

@@ -39,6 +39,14 @@ type purgeQueries struct {
 	// the processed_at index. timeout is embedded by dialects that cannot
 	// set it with a bound parameter (0: none).
 	deleteBatch func(s scopeShape, timeout time.Duration) string
+	// selectBatch and deleteKeys, when set instead of deleteBatch, make a
+	// batch two statements outside a transaction: selectBatch returns the
+	// (consumer, event_id) of at most limit expired rows, oldest first;
+	// deleteKeys removes those still expired, given how many event ids
+	// each consumer has (parameters: the retention, then each consumer
+	// followed by its ids).
+	selectBatch func(s scopeShape, timeout time.Duration) string
+	deleteKeys  func(perConsumer []int, timeout time.Duration) string
 	// countExpired returns (consumer, rows) for the expired rows of scope.
 	countExpired func(s scopeShape) string
 	// adapt, when set, adjusts the queries to the server behind the
@@ -214,6 +222,9 @@ func (p *purgeSession) DeleteBatch(ctx context.Context, scope maintenance.PurgeS
 }
 
 func (p *purgeSession) deleteBatch(ctx context.Context, scope maintenance.PurgeScope, limit int, timeout time.Duration) (int64, error) {
+	if p.q.selectBatch != nil {
+		return p.deleteByKeys(ctx, scope, limit, timeout)
+	}
 	tx, err := p.conn.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, p.fail(ctx, "purging", err)
@@ -234,6 +245,50 @@ func (p *purgeSession) deleteBatch(ctx context.Context, scope maintenance.PurgeS
 		return 0, p.fail(ctx, "purging", err)
 	}
 	if err := tx.Commit(); err != nil {
+		return 0, p.fail(ctx, "purging", err)
+	}
+	return n, nil
+}
+
+// deleteByKeys is a batch of [purgeQueries.selectBatch] and
+// [purgeQueries.deleteKeys].
+func (p *purgeSession) deleteByKeys(ctx context.Context, scope maintenance.PurgeScope, limit int, timeout time.Duration) (int64, error) {
+	rows, err := p.conn.QueryContext(ctx, p.q.selectBatch(shapeOf(scope), timeout), scopeArgs(scope, limit)...)
+	if err != nil {
+		return 0, p.fail(ctx, "purging", err)
+	}
+	var order []string // consumers in the order first seen
+	ids := map[string][]any{}
+	for rows.Next() {
+		var consumer, id []byte
+		if err := rows.Scan(&consumer, &id); err != nil {
+			_ = rows.Close()
+			return 0, p.fail(ctx, "purging", err)
+		}
+		if _, ok := ids[string(consumer)]; !ok {
+			order = append(order, string(consumer))
+		}
+		ids[string(consumer)] = append(ids[string(consumer)], id)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, p.fail(ctx, "purging", err)
+	}
+	if len(order) == 0 {
+		return 0, nil
+	}
+	args := []any{scope.OlderThan.Microseconds()}
+	perConsumer := make([]int, len(order))
+	for i, c := range order {
+		args = append(args, []byte(c))
+		args = append(args, ids[c]...)
+		perConsumer[i] = len(ids[c])
+	}
+	res, err := p.conn.ExecContext(ctx, p.q.deleteKeys(perConsumer, timeout), args...)
+	if err != nil {
+		return 0, p.fail(ctx, "purging", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
 		return 0, p.fail(ctx, "purging", err)
 	}
 	return n, nil

@@ -18,39 +18,62 @@ func (mysqlDialect) purgeQueries(t tableName, _ Config) purgeQueries {
 	question := func(int) string { return "?" }
 	// processed_at is UTC from the database clock (see the schema).
 	const expired = "processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"
-	deleteBatch := func(s scopeShape, timeout time.Duration, mariaDB bool) string {
-		// The processed_at index serves both the range and the order, so
-		// the DELETE reads only the rows it removes.
-		stmt := fmt.Sprintf("DELETE FROM %s WHERE %s%s ORDER BY processed_at LIMIT ?", table, expired, scopeFilter(s, question, 2))
-		if timeout > 0 && mariaDB {
-			// MariaDB can scope a time limit to one statement; a lock wait
-			// counts towards it. Milliseconds at least: 0.000 is no limit.
-			secs := max(timeout, time.Millisecond).Seconds()
-			stmt = fmt.Sprintf("SET STATEMENT max_statement_time=%s FOR %s", strconv.FormatFloat(secs, 'f', 3, 64), stmt)
+	// MariaDB can scope a time limit to one statement; a lock wait counts
+	// towards it. Milliseconds at least: 0.000 is no limit.
+	limited := func(stmt string, timeout time.Duration, mariaDB bool) string {
+		if timeout <= 0 || !mariaDB {
+			return stmt
 		}
-		return stmt
+		secs := max(timeout, time.Millisecond).Seconds()
+		return fmt.Sprintf("SET STATEMENT max_statement_time=%s FOR %s", strconv.FormatFloat(secs, 'f', 3, 64), stmt)
 	}
-	return purgeQueries{
-		deleteBatch: func(s scopeShape, timeout time.Duration) string {
-			return deleteBatch(s, timeout, true)
-		},
+	// A batch is two statements, each its own transaction, rather than
+	// one DELETE ... ORDER BY processed_at LIMIT n: Vitess runs a DELETE
+	// with LIMIT on a sharded table as a read and a delete in a
+	// transaction across shards, which transaction_mode SINGLE refuses.
+	// The read uses the processed_at index for both the range and the
+	// order; the delete finds its rows by primary key.
+	selectBatch := func(s scopeShape, timeout time.Duration, mariaDB bool) string {
+		return limited(fmt.Sprintf("SELECT consumer, event_id FROM %s WHERE %s%s ORDER BY processed_at LIMIT ?", table, expired, scopeFilter(s, question, 2)), timeout, mariaDB)
+	}
+	deleteKeys := func(perConsumer []int, timeout time.Duration, mariaDB bool) string {
+		var b strings.Builder
+		for i, n := range perConsumer {
+			if i > 0 {
+				b.WriteString(" OR ")
+			}
+			b.WriteString("(consumer = ? AND event_id IN (" + placeholders(question, 1, n) + "))")
+		}
+		// The comment lets vtgate commit the DELETE on each shard on its
+		// own (MySQL ignores it); a row removed is removed for good, so a
+		// shard that fails leaves only rows the next batch removes.
+		return limited(fmt.Sprintf("DELETE /*vt+ MULTI_SHARD_AUTOCOMMIT=1 */ FROM %s WHERE %s AND (%s)", table, expired, b.String()), timeout, mariaDB)
+	}
+	q := purgeQueries{
 		countExpired: func(s scopeShape) string {
 			return fmt.Sprintf("SELECT consumer, COUNT(*) FROM %s WHERE %s%s GROUP BY consumer", table, expired, scopeFilter(s, question, 2))
 		},
-		// MySQL 8 has no per-statement time limit for a DELETE
-		// (MAX_EXECUTION_TIME covers SELECT only): there a batch is bounded
-		// by its size and by innodb_lock_wait_timeout.
-		adapt: func(ctx context.Context, conn *sql.Conn, q *purgeQueries) error {
-			var version string
-			if err := conn.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
-				return err
-			}
-			if !strings.Contains(strings.ToLower(version), "mariadb") {
-				q.deleteBatch = func(s scopeShape, timeout time.Duration) string { return deleteBatch(s, timeout, false) }
-			}
-			return nil
-		},
 	}
+	setServer := func(q *purgeQueries, mariaDB bool) {
+		q.selectBatch = func(s scopeShape, timeout time.Duration) string { return selectBatch(s, timeout, mariaDB) }
+		q.deleteKeys = func(perConsumer []int, timeout time.Duration) string {
+			return deleteKeys(perConsumer, timeout, mariaDB)
+		}
+	}
+	setServer(&q, true)
+	// MySQL 8 has no per-statement time limit for a DELETE
+	// (MAX_EXECUTION_TIME covers SELECT only): there a batch is bounded by
+	// its size and by innodb_lock_wait_timeout. Vitess's vtgate answers
+	// as MySQL 8 and has no SET STATEMENT either.
+	q.adapt = func(ctx context.Context, conn *sql.Conn, q *purgeQueries) error {
+		var version string
+		if err := conn.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+			return err
+		}
+		setServer(q, strings.Contains(strings.ToLower(version), "mariadb"))
+		return nil
+	}
+	return q
 }
 
 // mysqlPurgeLockName is the name of t's purge lock. GET_LOCK names are
@@ -71,12 +94,18 @@ func mysqlPurgeLockName(t tableName) string {
 // that runs the DELETEs, as before, it outlived a client killed mid-batch
 // for as long as the server went on with that statement; idle, its session
 // ends as soon as the client's socket closes. Idle also keeps the
-// processlist's TIME of that session counting from GET_LOCK, which tells a
-// skipped round how long the lock has been held.
+// processlist's TIME of that session counting from when it took the lock,
+// which tells a skipped round how long the lock has been held.
+//
+// Each lock function runs in a SELECT of its own, without FROM or any other
+// expression: Vitess's vtgate runs lock functions only so, on a session of
+// their own on one shard of the keyspace. The holder is known by the id
+// IS_USED_LOCK reports, not by CONNECTION_ID(), which through vtgate is
+// the id of whichever connection ran that statement.
 type mysqlPurgeLock struct {
 	conn *sql.Conn
 	name string
-	id   int64 // CONNECTION_ID() of conn
+	id   int64 // the lock's holder, as IS_USED_LOCK reports it
 }
 
 func (mysqlDialect) lockPurge(ctx context.Context, db *sql.DB, t tableName) (purgeLock, *maintenance.Busy, error) {
@@ -85,39 +114,51 @@ func (mysqlDialect) lockPurge(ctx context.Context, db *sql.DB, t tableName) (pur
 		return nil, nil, err
 	}
 	l := &mysqlPurgeLock{conn: conn}
-	var got int
-	// GET_LOCK with timeout 0 does not wait.
-	err = conn.QueryRowContext(ctx, "SELECT name, COALESCE(GET_LOCK(name, 0), 0), CONNECTION_ID() FROM (SELECT "+mysqlPurgeLockName(t)+" AS name) t").Scan(&l.name, &got, &l.id)
+	var got sql.NullInt64
+	err = conn.QueryRowContext(ctx, "SELECT "+mysqlPurgeLockName(t)).Scan(&l.name)
+	if err == nil {
+		// GET_LOCK with timeout 0 does not wait.
+		err = conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", l.name).Scan(&got)
+	}
+	if err == nil && got.Int64 == 1 {
+		err = conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", l.name).Scan(&l.id)
+		if err == nil {
+			return l, nil, nil
+		}
+	}
 	if err != nil {
 		discard(conn)
 		return nil, nil, err
 	}
-	if got == 1 {
-		return l, nil, nil
-	}
 	defer conn.Close()
-	// The holder's session is idle since it took the lock, so its TIME
-	// counts from then; NULL when this user may not see it.
-	var holder, secs sql.NullInt64
-	err = conn.QueryRowContext(ctx, "SELECT h.id, (SELECT p.TIME FROM information_schema.PROCESSLIST p WHERE p.ID = h.id) FROM (SELECT IS_USED_LOCK(?) AS id) h", l.name).Scan(&holder, &secs)
-	if err != nil {
+	var holder sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", l.name).Scan(&holder); err != nil {
 		return nil, nil, err
 	}
-	busy := &maintenance.Busy{Known: secs.Valid, HeldFor: time.Duration(secs.Int64) * time.Second}
-	if holder.Valid {
-		busy.Holder = fmt.Sprintf("MySQL connection %d", holder.Int64)
+	busy := &maintenance.Busy{}
+	if !holder.Valid { // released meanwhile
+		return nil, busy, nil
 	}
+	busy.Holder = fmt.Sprintf("MySQL connection %d", holder.Int64)
+	// The holder's session is idle since it took the lock, so its TIME
+	// counts from then; NULL when this user may not see it (or, through
+	// vtgate, when another shard answers).
+	var secs sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT MAX(TIME) FROM information_schema.PROCESSLIST WHERE ID = ?", holder.Int64).Scan(&secs); err != nil {
+		return nil, nil, err
+	}
+	busy.Known, busy.HeldFor = secs.Valid, time.Duration(secs.Int64)*time.Second
 	return nil, busy, nil
 }
 
 // check asks the server, from the round's connection so that the lock's
 // stays idle, whether the lock's session still holds it.
 func (l *mysqlPurgeLock) check(ctx context.Context, conn *sql.Conn) error {
-	var ours sql.NullBool
-	if err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?) = ?", l.name, l.id).Scan(&ours); err != nil {
+	var holder sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", l.name).Scan(&holder); err != nil {
 		return err
 	}
-	if !ours.Bool {
+	if holder.Int64 != l.id {
 		return fmt.Errorf("the named lock %s is no longer held by connection %d (its session ended: wait_timeout, a restart, KILL)", l.name, l.id)
 	}
 	return nil

@@ -101,6 +101,20 @@ type Config struct {
 	// [inbox.Config.Fingerprint]: https://pkg.go.dev/github.com/watermill-inbox/inbox#Config.Fingerprint
 	Fingerprints bool
 
+	// ShardKeyColumn names a column the table [Store.CreateSchema] makes
+	// holds each claim's shard key (VARBINARY(255), the key of the rows
+	// the handler writes, such as a customer id), for a MySQL database
+	// sharded by Vitess whose vschema shards the inbox table by this
+	// column with the vindex of the handler's own tables: the claim then
+	// lands on the shard of the handler's writes, and the transaction never
+	// spans shards (see docs/databases.md). Every copy of an event must
+	// carry the same key: the primary key (consumer, event_id) is unique
+	// per shard only. A claim without a key is refused with
+	// [ErrShardKey]. MySQL only; it must match the table CreateSchema
+	// made. Defaults to "": no shard key, the table is sharded by
+	// event_id if at all.
+	ShardKeyColumn string
+
 	// TransactionPooling declares that the store reaches PostgreSQL through
 	// a proxy that pools server connections per transaction (PgBouncer's
 	// pool_mode = transaction before 1.21, or without
@@ -194,6 +208,9 @@ func New(db *sql.DB, config Config) (*Store, error) {
 	if err := checkPartitioning(config); err != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
+	if err := checkShardKeyColumn(config); err != nil {
+		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
+	}
 	q := config.Dialect.queries(t, config)
 	if q.configErr != nil {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", q.configErr)
@@ -232,6 +249,9 @@ func (s *Store) Table() string { return s.table.String() }
 // Partitioning returns the table layout the store was configured with.
 func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
 
+// ShardKeyColumn returns [Config.ShardKeyColumn], "" for none.
+func (s *Store) ShardKeyColumn() string { return s.config.ShardKeyColumn }
+
 // Claim implements [inboxdriver.Store]: BEGIN, then the claim as the
 // transaction's first statement. The claim is a prepared statement, so after
 // the first use on a connection it costs one round trip on every driver;
@@ -247,6 +267,9 @@ func (s *Store) Partitioning() Partitioning { return s.config.Partitioning }
 // REPEATABLE READ, where the claim sees only rows it can read), then rolls
 // back.
 func (s *Store) Claim(ctx context.Context, c inboxdriver.Claim) (inboxdriver.Tx, []byte, error) {
+	if err := s.checkShardKey(c.ShardKey); err != nil {
+		return nil, nil, err
+	}
 	if c.Fingerprint != nil {
 		if err := s.CheckFingerprints(); err != nil {
 			return nil, nil, err
@@ -396,7 +419,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, c inboxdr
 		err error
 	)
 	switch {
-	case stmt != nil && !s.q.idTime && !s.config.Fingerprints:
+	case stmt != nil && s.onlyIDs():
 		// The common case without building a slice, and with the consumer
 		// converted once per store: two allocations less.
 		res, err = tx.StmtContext(ctx, stmt).ExecContext(ctx, s.consumerArg.Arg(c.Consumer), c.EventID)
@@ -429,6 +452,12 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, c inboxdr
 	return true, nil
 }
 
+// onlyIDs reports that the claim's parameters are the consumer and the
+// event id alone.
+func (s *Store) onlyIDs() bool {
+	return !s.q.idTime && !s.config.Fingerprints && s.config.ShardKeyColumn == ""
+}
+
 // claimArgs are the claim's parameters: the consumer, the event id, the
 // time inside the id on a table partitioned by it, and the fingerprint
 // under [Config.Fingerprints].
@@ -441,6 +470,9 @@ func (s *Store) claimArgs(c inboxdriver.Claim) ([]any, error) {
 			return nil, err
 		}
 		args = append(args, at)
+	}
+	if s.config.ShardKeyColumn != "" {
+		args = append(args, c.ShardKey)
 	}
 	if s.config.Fingerprints {
 		args = append(args, nullBytes(c.Fingerprint))

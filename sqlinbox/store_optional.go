@@ -25,7 +25,7 @@ var (
 func (s *Store) CountTxWrites(ctx context.Context, tx inboxdriver.Tx) (int64, bool, error) {
 	t, ok := tx.Handle().(*sql.Tx)
 	d, counts := s.dialect.(txWritesDialect)
-	if !ok || !counts {
+	if !ok || !counts || s.onVitess() {
 		return 0, false, nil
 	}
 	n, ok, err := sumLastColumn(ctx, t, d.txWrites())

@@ -49,8 +49,8 @@ const connectTimeout = 15 * time.Second
 // database holds the flags every subcommand reads to reach the inbox
 // table, registered on each subcommand's flag set by addDatabaseFlags.
 type database struct {
-	dsn, dialect, table, partitioning, partitionKey string
-	uuidEventIDs, fingerprints                      bool
+	dsn, dialect, table, partitioning, partitionKey, shardKeyColumn string
+	uuidEventIDs, fingerprints                                      bool
 }
 
 func addDatabaseFlags(fs *flag.FlagSet) *database {
@@ -62,6 +62,7 @@ func addDatabaseFlags(fs *flag.FlagSet) *database {
 	fs.StringVar(&d.partitionKey, "partition-key", "processed_at", "the time a partitioned table is split by: processed_at, or event_time, the time inside event ids (sqlinbox.EventIDTime)")
 	fs.BoolVar(&d.uuidEventIDs, "uuid-event-ids", false, "the table stores UUID event ids (sqlinbox.Config.UUIDEventIDs)")
 	fs.BoolVar(&d.fingerprints, "fingerprints", false, "the table has the fingerprint column (sqlinbox.Config.Fingerprints)")
+	fs.StringVar(&d.shardKeyColumn, "shard-key-column", "", "the table's shard key column on MySQL sharded by Vitess (sqlinbox.Config.ShardKeyColumn)")
 	return d
 }
 
@@ -87,6 +88,8 @@ func (d *database) config() (sqlinbox.Config, string, error) {
 		PartitionKey: key,
 		UUIDEventIDs: d.uuidEventIDs,
 		Fingerprints: d.fingerprints,
+		// Checked by sqlinbox.New.
+		ShardKeyColumn: d.shardKeyColumn,
 	}, dl.driver, nil
 }
 

@@ -13,9 +13,9 @@
 // Every subcommand reaches the table through the same flags: -dsn, -dialect
 // (postgresql, the default, mysql or sqlite), -table, -partitioning (none,
 // daily or monthly, as the table was created), -partition-key (processed_at
-// or event_time), -uuid-event-ids and -fingerprints, which mirror
-// sqlinbox.Config. "inbox SUBCOMMAND -h" lists
-// a subcommand's flags.
+// or event_time), -uuid-event-ids, -fingerprints and -shard-key-column,
+// which mirror sqlinbox.Config. "inbox SUBCOMMAND -h" lists a subcommand's
+// flags.
 //
 // Exit status, the same for every subcommand:
 //

@@ -40,6 +40,9 @@ func TestSchemaPrints(t *testing.T) {
 	require.Equal(t, exitOK, code)
 	require.Contains(t, out, "PARTITION BY RANGE (processed_at)")
 	require.Contains(t, out, "event_id     uuid")
+	code, out, _ = runCmd("schema", "-dialect", "mysql", "-shard-key-column", "customer")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "\t`customer`   VARBINARY(255) NOT NULL,\n")
 
 	for _, tc := range []struct {
 		args []string
@@ -51,6 +54,7 @@ func TestSchemaPrints(t *testing.T) {
 		{[]string{"-partitioning", "weekly"}, `-partitioning "weekly"`},
 		{[]string{"-table", "App.Inbox"}, "-table: table name"},
 		{[]string{"-apply"}, "-dsn is required"},
+		{[]string{"-shard-key-column", "customer"}, "ShardKeyColumn is for MySQL sharded by Vitess, not postgresql"},
 	} {
 		code, out, errOut := runCmd(append([]string{"schema"}, tc.args...)...)
 		require.Equal(t, exitUsage, code, "%v", tc.args)
