@@ -1,3 +1,5 @@
+//lint:file-ignore SA4006 the snippet shows the calls without their error checks, which the test adds after them
+
 package docs_test
 
 import (
