@@ -453,9 +453,11 @@ func TestShutdownDuringRetriesPoisonsNothing(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	require.Len(t, got, 1)
-	require.ErrorIs(t, got[0], context.Canceled, "the router closed during the backoff")
-	require.True(t, inbox.IsTransient(got[0]))
+	require.NotEmpty(t, got)
+	for _, err := range got { // the first in the backoff; gochannel may redeliver the nack before it stops
+		require.ErrorIs(t, err, context.Canceled, "the router closed during the backoff")
+		require.True(t, inbox.IsTransient(err))
+	}
 	select {
 	case msg := <-poisoned:
 		t.Fatalf("poisoned at shutdown: %s", msg.Metadata.Get(middleware.ReasonForPoisonedKey))
