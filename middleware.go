@@ -53,7 +53,9 @@ type Config struct {
 	// database, the same as the handler's own writes use (a customer id),
 	// so that claim and effect share one shard. It must give every copy of
 	// an event the same key. The store's table needs the column
-	// (docs/databases.md#vitess). Defaults to nil: no shard key.
+	// (docs/databases.md#vitess), or [NewMiddleware] refuses the config;
+	// an empty or too long key fails the message with [ErrInvalidShardKey].
+	// Defaults to nil: no shard key.
 	ShardKey func(msg *message.Message) (string, error)
 
 	// TxOptions are the claim transaction's options (isolation level,
@@ -136,6 +138,9 @@ func (c Config) validate() error {
 		if err := fs.CheckFingerprints(); err != nil {
 			return fmt.Errorf("Fingerprint: %w", err)
 		}
+	}
+	if err := checkShardKeys(c); err != nil {
+		return err
 	}
 	if c.OnIDReuse < IDReuseLog || c.OnIDReuse > IDReuseIgnore {
 		return fmt.Errorf("OnIDReuse: unknown policy %d", c.OnIDReuse)
