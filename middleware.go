@@ -100,8 +100,9 @@ type Config struct {
 	StaleEvents StalePolicy
 
 	// Logger receives a debug line per duplicate, failed after-commit
-	// hooks, and the warnings about wiring only visible at run time, each
-	// logged once per consumer at error level. Pass the router's logger.
+	// hooks, and, once per kind and consumer at error level, the warnings
+	// about wiring only visible at run time, refused messages and failed
+	// handlers. Pass the router's logger.
 	// Defaults to [watermill.NopLogger].
 	Logger watermill.LoggerAdapter
 }
