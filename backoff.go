@@ -15,7 +15,7 @@ import (
 // Defaults of [BackoffConfig].
 const (
 	DefaultBackoffInitialInterval = 100 * time.Millisecond
-	DefaultBackoffMaxInterval     = 5 * time.Second
+	DefaultBackoffMaxInterval     = 2 * time.Second
 	DefaultBackoffLogInterval     = 10 * time.Second
 )
 
