@@ -160,7 +160,7 @@ func (e *engine) claim(ctx context.Context, c inboxdriver.Claim, ob *observe.Obs
 			ob.Outcome = observe.InFlight
 		}
 		if !IsPermanent(err) {
-			err = transient(err)
+			err = Transient(err)
 		}
 		return nil, nil, fmt.Errorf("inbox: claiming event %s for consumer %q: %w", errtext.Quote(c.EventID), c.Consumer, err)
 	}
@@ -208,7 +208,7 @@ func (e *engine) failed(ctx context.Context, tx inboxdriver.Tx, err error, what 
 	}
 	if what == "" {
 		ob.Outcome = observe.CommitFailed
-		return transient(err)
+		return Transient(err)
 	}
 	return e.outage(ctx, tx, err)
 }

@@ -144,8 +144,6 @@ type transientError struct{ err error }
 func (e transientError) Error() string { return e.err.Error() }
 func (e transientError) Unwrap() error { return e.err }
 
-func transient(err error) error { return transientError{err} }
-
 // handlerError marks the error of a handler (or of the produced publisher)
 // for which the middleware found no evidence of an outage or a race:
 // [IsTransient] then looks no further than a [Transient] mark inside it.

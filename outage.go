@@ -23,16 +23,16 @@ const probeTimeout = 5 * time.Second
 // own error, which [IsTransient] reports only under a [Transient] mark.
 func (e *engine) outage(ctx context.Context, tx inboxdriver.Tx, err error) error {
 	if errors.Is(ctx.Err(), context.Canceled) {
-		return transient(err)
+		return Transient(err)
 	}
 	if d, ok := e.store.(inboxdriver.UnavailableDetector); ok && d.IsUnavailable(err) {
-		return transient(err)
+		return Transient(err)
 	}
 	if p, ok := e.store.(inboxdriver.TxProber); ok {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), probeTimeout)
 		defer cancel()
 		if gone := p.ProbeTx(pctx, tx); gone != nil {
-			return transient(fmt.Errorf("%w (the claim's connection no longer answers: %v)", err, gone))
+			return Transient(fmt.Errorf("%w (the claim's connection no longer answers: %v)", err, gone))
 		}
 	}
 	return handlerError{err}
