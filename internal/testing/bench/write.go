@@ -22,8 +22,11 @@ type Write struct {
 	// expression), and floorSet the pgbench \set lines they use.
 	floorArgs [][]string
 	floorSet  []string
-	tables    []string // every table it writes, for the WAL
-	appended  []string // the tables it only appends to, emptied by ResetWrite
+	// batch, when set, is the write of n messages as one statement, with
+	// their ids as parameters (one-row: a multi-row INSERT).
+	batch    func(n int) string
+	tables   []string // every table it writes, for the WAL
+	appended []string // the tables it only appends to, emptied by ResetWrite
 }
 
 // WriteKinds lists the business writes CreateWrite makes:
@@ -77,7 +80,14 @@ func (a *Admin) CreateWrite(ctx context.Context, kind, prefix string) (Write, er
 			stmts:     []string{`INSERT INTO ` + effects + ` (event_id) VALUES (` + d.ph(1) + `)`},
 			args:      func(id string) [][]any { return [][]any{{id}} },
 			floorArgs: [][]string{{"id"}},
-			tables:    []string{effects}, appended: []string{effects},
+			batch: func(n int) string {
+				rows := make([]string, n)
+				for i := range rows {
+					rows[i] = "(" + d.ph(i+1) + ")"
+				}
+				return `INSERT INTO ` + effects + ` (event_id) VALUES ` + strings.Join(rows, ", ")
+			},
+			tables: []string{effects}, appended: []string{effects},
 		}
 		ddl = []string{`CREATE TABLE ` + effects + ` (event_id ` + d.textType + ` NOT NULL)`}
 	case "invoice":
