@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -55,6 +56,14 @@ type BatchConfig struct {
 	// message, for more. Defaults to [DefaultMaxBatchWait].
 	MaxWait time.Duration
 
+	// Subscriptions is how many times [BatchConsumer.Run] subscribes to
+	// its topic, for subscribers that deliver a subscription's next
+	// message only once the previous one is acked (Watermill's AMQP, NATS
+	// and Redis Streams subscribers): a batch holds at most one message
+	// per subscription there. Not for a subscriber whose subscriptions
+	// each get every message (gochannel). Defaults to 1.
+	Subscriptions int
+
 	// PoisonPublisher takes a message that fails on its own (its event id
 	// is missing or invalid, or the handler fails on it alone, not
 	// transiently), with Watermill's poison metadata; the message is then
@@ -94,6 +103,9 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 	if config.MaxWait == 0 {
 		config.MaxWait = DefaultMaxBatchWait
 	}
+	if config.Subscriptions == 0 {
+		config.Subscriptions = 1
+	}
 	mc := Config{Store: config.Store, Consumer: config.Consumer, EventID: config.EventID, TxOptions: config.TxOptions, Observer: config.Observer, Logger: config.Logger}
 	mc.setDefaults()
 	claimer, ok := config.Store.(inboxdriver.BatchClaimer)
@@ -105,8 +117,8 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 		err = fmt.Errorf("Store: %T cannot claim in batches", config.Store)
 	case config.Consumer == "":
 		err = errors.New("Consumer is required")
-	case config.MaxSize < 0 || config.MaxWait < 0:
-		err = fmt.Errorf("MaxSize (%d) and MaxWait (%s) must not be negative", config.MaxSize, config.MaxWait)
+	case config.MaxSize < 0 || config.MaxWait < 0 || config.Subscriptions < 0:
+		err = fmt.Errorf("MaxSize (%d), MaxWait (%s) and Subscriptions (%d) must not be negative", config.MaxSize, config.MaxWait, config.Subscriptions)
 	case (config.PoisonPublisher == nil) != (config.PoisonTopic == ""):
 		err = errors.New("PoisonPublisher and PoisonTopic go together")
 	default:
@@ -129,9 +141,9 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 // subscription closes (nil). A batch can only hold messages the subscriber
 // delivers before the previous ones are acked; see docs/batch.md.
 func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic string) error {
-	msgs, err := sub.Subscribe(ctx, topic)
+	msgs, err := c.subscribe(ctx, sub, topic)
 	if err != nil {
-		return fmt.Errorf("inbox: subscribing to %s: %w", topic, err)
+		return err
 	}
 	for {
 		batch, more := c.collect(ctx, msgs)
@@ -146,6 +158,40 @@ func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic s
 			return ctx.Err()
 		}
 	}
+}
+
+// subscribe subscribes [BatchConfig.Subscriptions] times and merges the
+// subscriptions into one channel, closed once all of them are.
+func (c *BatchConsumer) subscribe(ctx context.Context, sub message.Subscriber, topic string) (<-chan *message.Message, error) {
+	if c.config.Subscriptions == 1 {
+		msgs, err := sub.Subscribe(ctx, topic)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: subscribing to %s: %w", topic, err)
+		}
+		return msgs, nil
+	}
+	merged := make(chan *message.Message)
+	var wg sync.WaitGroup
+	for range c.config.Subscriptions {
+		msgs, err := sub.Subscribe(ctx, topic)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: subscribing to %s: %w", topic, err)
+		}
+		wg.Go(func() {
+			for msg := range msgs {
+				select {
+				case merged <- msg:
+				case <-ctx.Done(): // Run has returned
+					msg.Nack()
+				}
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		close(merged)
+	}()
+	return merged, nil
 }
 
 // collect reads one batch; more is false once ctx ended or msgs closed.
