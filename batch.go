@@ -265,6 +265,9 @@ func (c *BatchConsumer) Process(ctx context.Context, msgs []*message.Message) er
 		it.ob.Err = it.err
 		it.ob.Duration = time.Since(it.ob.Start)
 		c.e.observed(it.dones, it.ob)
+		if it.orig != nil {
+			it.msg.SetContext(it.orig)
+		}
 		if it.err != nil {
 			errs = append(errs, it.err)
 			it.msg.Nack()
@@ -282,6 +285,7 @@ type batchItem struct {
 	copyOf *batchItem // an earlier message of the batch with the same id
 	ob     observe.Observation
 	dones  []func(observe.Observation)
+	orig   context.Context // the message's context before the observers
 	err    error // nil once acked
 	sess   *session.Session
 }
@@ -293,6 +297,7 @@ func (c *BatchConsumer) start(it *batchItem) {
 	}
 	it.ob.Start = time.Now()
 	ctx := it.msg.Context()
+	it.orig = ctx
 	for _, o := range c.e.observers {
 		var done func(observe.Observation)
 		ctx, done = c.e.startObserver(o, ctx, ctx)
