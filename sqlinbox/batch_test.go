@@ -206,3 +206,32 @@ func waitForWaiters(t *testing.T, db *sql.DB, dialect sqlinbox.Dialect, table st
 	}, 20*time.Second, 10*time.Millisecond, "waiting for %d claims to wait", n)
 
 }
+
+// A batch claim on a table partitioned by processed_at finds an original
+// in an older partition, and one in the default partition, as the single
+// claim does.
+func TestClaimBatchDuplicateAcrossPartitions(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"pgx", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db, store, table := partitionedStore(t, driver, sqlinbox.Daily)
+			old := createPartition(t, db, table, 5*24*time.Hour)
+			require.True(t, claimOnce(t, store, "billing", "ev-1"))
+			_, err := db.Exec(fmt.Sprintf(`UPDATE %s SET processed_at = processed_at - interval '5 days' WHERE event_id = 'ev-1'`, table))
+			require.NoError(t, err)
+			require.Equal(t, old, partitionOf(t, db, table, "billing", "ev-1"))
+			_, err = db.Exec(fmt.Sprintf(`INSERT INTO %s (consumer, event_id, processed_at) VALUES ('billing', 'ev-2', now() - interval '40 days')`, table))
+			require.NoError(t, err)
+
+			tx, claimed, err := store.ClaimBatch(ctx, inboxdriver.BatchClaim{Consumer: "billing", EventIDs: []string{"ev-3", "ev-2", "ev-1"}})
+			require.NoError(t, err)
+			require.Equal(t, []bool{true, false, false}, claimed)
+			require.NoError(t, tx.Commit(ctx))
+			var n int
+			require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+table).Scan(&n))
+			require.Equal(t, 3, n)
+		})
+	}
+}
