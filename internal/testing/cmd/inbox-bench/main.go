@@ -772,7 +772,7 @@ func batchRatios(out io.Writer, d bench.Driver, c int, modes []mode, ratios [][]
 		for r := range ratios[a] {
 			per = append(per, ratios[a][r]/ratios[b][r])
 		}
-		return fmt.Sprintf("%.2f (rounds %.2f to %.2f)", median(per), slices.Min(per), slices.Max(per))
+		return fmt.Sprintf("%.2f, rounds %.2f to %.2f", median(per), slices.Min(per), slices.Max(per))
 	}
 	for _, m := range modes {
 		if m.batch == nil || !strings.HasSuffix(m.name, "-inbox") {
