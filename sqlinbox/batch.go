@@ -58,7 +58,9 @@ var errBatchShardKey = errors.New("sqlinbox: batch claims are not supported on a
 // DUPLICATE KEY UPDATE, whose affected rows count the new ones, and one
 // claim per id in a new transaction when the count says the batch is mixed).
 // On a table partitioned by processed_at the events' locks come first, in the
-// same order, as for one claim. Batches take their place in the store's pool
+// same order, as for one claim: one advisory lock per event, held until the
+// transaction ends, in a lock table of max_locks_per_transaction times
+// max_connections entries, which large concurrent batches can fill. Batches take their place in the store's pool
 // gate as single claims do, and store no fingerprint.
 func (s *Store) ClaimBatch(ctx context.Context, b inboxdriver.BatchClaim) (inboxdriver.Tx, []bool, error) {
 	canon, sorted, err := s.batchIDs(b)
