@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -28,9 +30,18 @@ type BatchConn interface {
 // batch form, else w's statements per id.
 func (w Write) execBatch(ctx context.Context, ids []string, exec func(ctx context.Context, query string, args ...any) error) error {
 	if w.batch == nil {
-		for _, id := range ids {
-			if err := w.exec(ctx, id, exec); err != nil {
-				return err
+		sets := make([][][]any, len(ids))
+		for i, id := range ids {
+			sets[i] = w.args(id)
+		}
+		if w.rowKey != nil {
+			slices.SortFunc(sets, func(a, b [][]any) int { return cmp.Compare(w.rowKey(a), w.rowKey(b)) })
+		}
+		for _, args := range sets {
+			for i, a := range args {
+				if err := exec(ctx, w.stmts[i], a...); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

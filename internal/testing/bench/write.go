@@ -24,7 +24,11 @@ type Write struct {
 	floorSet  []string
 	// batch, when set, is the write of n messages as one statement, with
 	// their ids as parameters (one-row: a multi-row INSERT).
-	batch    func(n int) string
+	batch func(n int) string
+	// rowKey, when set, orders a batch's messages by the row their
+	// statements update (invoice: the customer), so that concurrent
+	// batches lock rows in one order, as a batch handler would.
+	rowKey   func(args [][]any) int64
 	tables   []string // every table it writes, for the WAL
 	appended []string // the tables it only appends to, emptied by ResetWrite
 }
@@ -102,6 +106,7 @@ func (a *Admin) CreateWrite(ctx context.Context, kind, prefix string) (Write, er
 				customer, amount := 1+rand.Int64N(CustomerCount), 1+rand.Int64N(100_000)
 				return [][]any{{id, customer, amount}, {amount, customer}}
 			},
+			rowKey:    func(args [][]any) int64 { return args[1][1].(int64) },
 			floorArgs: [][]string{{"id", ":customer", ":amount"}, {":amount", ":customer"}},
 			floorSet:  []string{`\set customer random(1, ` + strconv.Itoa(CustomerCount) + `)`, `\set amount random(1, 100000)`},
 			tables:    []string{invoices, totals}, appended: []string{invoices},
