@@ -85,4 +85,7 @@ type queries struct {
 	configErr error
 	// leases is the lease table's SQL; its table ends schema.
 	leases leaseQueries
+	// batch is the multi-row claim (batch.go); its insert is nil for a
+	// dialect that cannot claim in batches.
+	batch batchQueries
 }

@@ -65,6 +65,7 @@ func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
 		Classify:    s.dialect.classify,
 		Verify:      verify,
 		TxWrites:    s.txWritesSQL(),
+		Batch:       s.batchSQL(),
 	}
 }
 

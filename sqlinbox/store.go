@@ -219,6 +219,9 @@ func New(db *sql.DB, config Config) (*Store, error) {
 		return nil, fmt.Errorf("sqlinbox: invalid config: %w", err)
 	}
 	q.leases = config.Dialect.leases(t)
+	if d, ok := config.Dialect.(batchDialect); ok {
+		q.batch = d.batchQueries(t, config, q)
+	}
 	q.schema = append(q.schema, q.leases.create)
 	if q.schemaObjects != nil {
 		q.schemaObjects = append(q.schemaObjects, t.derived(leaseSuffix))

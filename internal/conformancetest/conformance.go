@@ -131,6 +131,12 @@ func Run(t *testing.T, target Target) {
 			tc.fn(t, target)
 		})
 	}
+	for _, tc := range batchCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, target)
+		})
+	}
 }
 
 // bundle is one test's fixtures: an inbox store on a fresh table and a

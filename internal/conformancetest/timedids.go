@@ -92,3 +92,13 @@ func skipReadableIDs(t *testing.T, target Target, why string) {
 		t.Skipf("%s: %s", target.Name, why)
 	}
 }
+
+// ClaimBatch maps each id as Claim does; claimed keeps the batch's order.
+func (s timedIDs) ClaimBatch(ctx context.Context, b inboxdriver.BatchClaim) (inboxdriver.Tx, []bool, error) {
+	mapped := make([]string, len(b.EventIDs))
+	for i, id := range b.EventIDs {
+		mapped[i] = timed(id)
+	}
+	b.EventIDs = mapped
+	return s.store.(inboxdriver.BatchClaimer).ClaimBatch(ctx, b)
+}

@@ -45,6 +45,9 @@ type ClaimSQL struct {
 	// the current transaction has written, for inboxdriver.TxWriteCounter; ""
 	// when the database cannot count them.
 	TxWrites string
+	// Batch is the multi-row claim; its Insert is nil when the table
+	// cannot be claimed in batches.
+	Batch BatchSQL
 }
 
 // ConsumerArg keeps the consumer a store claims for as a statement
@@ -70,4 +73,22 @@ func (c *ConsumerArg) Arg(consumer string) any {
 	p := &consumerArg{name: consumer, arg: consumer}
 	c.first.CompareAndSwap(nil, p)
 	return p.arg
+}
+
+// BatchSQL is a table's multi-row claim (inboxdriver.BatchClaimer), for a
+// store that sends it through another driver: every statement returns the
+// new ids as text.
+type BatchSQL struct {
+	// IDs checks a batch's ids and returns them in the form the table
+	// stores (canon, in the batch's order) and sorted, the order they are
+	// claimed in.
+	IDs func(b inboxdriver.BatchClaim) (canon, sorted []string, err error)
+	// Lock, when not nil, runs before Insert for the same ids, with the
+	// same arguments, and returns one text value for ClaimSQL.CheckBefore.
+	Lock func(n int) string
+	// Insert claims n ids in order and returns the new ones.
+	Insert func(n int) string
+	Args   func(consumer string, ids []string) ([]any, error)
+	// MaxRows is the most ids one statement takes.
+	MaxRows int
 }

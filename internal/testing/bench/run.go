@@ -97,6 +97,18 @@ func PrefilledDuplicates(n int64) Messages {
 // Run calls h from workers goroutines for d and measures every call. A
 // message the handler fails is counted as an error, not retried.
 func Run(ctx context.Context, h message.HandlerFunc, workers int, d time.Duration, next Messages) Result {
+	return runTimed(ctx, workers, 1, d, func(w int) func() error {
+		msg := next(w)
+		return func() error {
+			_, err := h(msg)
+			return err
+		}
+	})
+}
+
+// runTimed runs, from workers goroutines for d, the calls prepare makes
+// (outside the timing), each of size messages, and measures every call.
+func runTimed(ctx context.Context, workers, size int, d time.Duration, prepare func(worker int) func() error) Result {
 	type part struct {
 		msgs, errs int64
 		first      error
@@ -111,18 +123,20 @@ func Run(ctx context.Context, h message.HandlerFunc, workers int, d time.Duratio
 			p := &parts[w]
 			p.lat = make([]time.Duration, 0, 4096)
 			for ctx.Err() == nil {
-				msg := next(w)
+				call := prepare(w)
 				t0 := time.Now()
-				_, err := h(msg)
+				err := call()
 				t1 := time.Now()
-				p.lat = append(p.lat, t1.Sub(t0))
+				for range size {
+					p.lat = append(p.lat, t1.Sub(t0))
+				}
 				if err != nil {
-					p.errs++
+					p.errs += int64(size)
 					if p.first == nil {
 						p.first = err
 					}
 				} else {
-					p.msgs++
+					p.msgs += int64(size)
 				}
 				if t1.After(deadline) {
 					return

@@ -22,8 +22,15 @@ type Write struct {
 	// expression), and floorSet the pgbench \set lines they use.
 	floorArgs [][]string
 	floorSet  []string
-	tables    []string // every table it writes, for the WAL
-	appended  []string // the tables it only appends to, emptied by ResetWrite
+	// batch, when set, is the write of n messages as one statement, with
+	// their ids as parameters (one-row: a multi-row INSERT).
+	batch func(n int) string
+	// rowKey, when set, orders a batch's messages by the row their
+	// statements update (invoice: the customer), so that concurrent
+	// batches lock rows in one order, as a batch handler would.
+	rowKey   func(args [][]any) int64
+	tables   []string // every table it writes, for the WAL
+	appended []string // the tables it only appends to, emptied by ResetWrite
 }
 
 // WriteKinds lists the business writes CreateWrite makes:
@@ -77,7 +84,14 @@ func (a *Admin) CreateWrite(ctx context.Context, kind, prefix string) (Write, er
 			stmts:     []string{`INSERT INTO ` + effects + ` (event_id) VALUES (` + d.ph(1) + `)`},
 			args:      func(id string) [][]any { return [][]any{{id}} },
 			floorArgs: [][]string{{"id"}},
-			tables:    []string{effects}, appended: []string{effects},
+			batch: func(n int) string {
+				rows := make([]string, n)
+				for i := range rows {
+					rows[i] = "(" + d.ph(i+1) + ")"
+				}
+				return `INSERT INTO ` + effects + ` (event_id) VALUES ` + strings.Join(rows, ", ")
+			},
+			tables: []string{effects}, appended: []string{effects},
 		}
 		ddl = []string{`CREATE TABLE ` + effects + ` (event_id ` + d.textType + ` NOT NULL)`}
 	case "invoice":
@@ -92,6 +106,7 @@ func (a *Admin) CreateWrite(ctx context.Context, kind, prefix string) (Write, er
 				customer, amount := 1+rand.Int64N(CustomerCount), 1+rand.Int64N(100_000)
 				return [][]any{{id, customer, amount}, {amount, customer}}
 			},
+			rowKey:    func(args [][]any) int64 { return args[1][1].(int64) },
 			floorArgs: [][]string{{"id", ":customer", ":amount"}, {":amount", ":customer"}},
 			floorSet:  []string{`\set customer random(1, ` + strconv.Itoa(CustomerCount) + `)`, `\set amount random(1, 100000)`},
 			tables:    []string{invoices, totals}, appended: []string{invoices},

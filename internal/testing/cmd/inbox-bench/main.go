@@ -100,6 +100,7 @@ type options struct {
 	pooler   string
 	floor    bool
 	pgbench  string
+	batch    []int
 	out      io.Writer
 }
 
@@ -129,6 +130,8 @@ func main() {
 	flag.StringVar(&o.pooler, "pooler", "", "PostgreSQL URL of a transaction-pooling proxy (PgBouncer pool_mode=transaction) in front of -dsn's database: PostgreSQL drivers also run bare and inbox through it (modes bare-pooled, inbox-pooled), with the DSN settings and sqlinbox.Config.TransactionPooling docs/poolers.md gives")
 	flag.BoolVar(&o.floor, "floor", true, "PostgreSQL: beside the inbox's ratio, the server's floor: pgbench in pipeline mode with prepared statements, BEGIN, the claim, the business write, COMMIT against the same without the claim, in the same rounds")
 	flag.StringVar(&o.pgbench, "pgbench", "", "pgbench for -floor (default: the PATH's, else the newest /usr/lib/postgresql/*/bin/pgbench)")
+	var batch string
+	flag.StringVar(&batch, "batch", "100", "comma-separated batch sizes: modes batchN-bare (one transaction per batch, no inbox), batchN-inbox (inbox.BatchConsumer) and batchN-dup (batches of duplicates); empty for none")
 	flag.IntVar(&o.kafka, "kafka", 0, "also run bare and inbox end to end through an in-process Kafka broker, this many messages per run (0: skip)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
@@ -138,6 +141,17 @@ func main() {
 			os.Exit(2)
 		}
 		o.conc = append(o.conc, n)
+	}
+	for _, s := range strings.Split(batch, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "inbox-bench: -batch: %q is not a positive number\n", s)
+			os.Exit(2)
+		}
+		o.batch = append(o.batch, n)
 	}
 	o.out = os.Stdout
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -173,12 +187,43 @@ const (
 	prefillAhead = 3
 )
 
-// mode is one way of handling the stream of messages.
+// mode is one way of handling the stream of messages: one at a time
+// through h, or in batches of size through batch.
 type mode struct {
-	name string
-	h    message.HandlerFunc
-	msgs bench.Messages
-	rt   *bench.RoundTrips // the round trips of its connections, when not the driver's
+	name  string
+	h     message.HandlerFunc
+	batch bench.BatchHandler
+	size  int
+	msgs  bench.Messages
+	rt    *bench.RoundTrips // the round trips of its connections, when not the driver's
+}
+
+// run measures m with c workers for d.
+func (m mode) run(ctx context.Context, c int, d time.Duration) bench.Result {
+	if m.batch != nil {
+		return bench.RunBatch(ctx, m.batch, c, m.size, d, m.msgs)
+	}
+	return bench.Run(ctx, m.h, c, d, m.msgs)
+}
+
+// batchModes are the batch modes of every size of o.batch, on conn.
+func batchModes(o options, conn bench.Conn, c sqlinbox.Config, w bench.Write, fresh func() bench.Messages, dups bench.Messages) ([]mode, error) {
+	bc, ok := conn.(bench.BatchConn)
+	if !ok || len(o.batch) == 0 {
+		return nil, nil
+	}
+	inboxB, err := bc.InboxBatch(c, w)
+	if err != nil {
+		return nil, err
+	}
+	var modes []mode
+	for _, n := range o.batch {
+		modes = append(modes,
+			mode{name: fmt.Sprintf("batch%d-bare", n), batch: bc.BareBatch(w), size: n, msgs: fresh()},
+			mode{name: fmt.Sprintf("batch%d-inbox", n), batch: inboxB, size: n, msgs: fresh()},
+			mode{name: fmt.Sprintf("batch%d-dup", n), batch: inboxB, size: n, msgs: dups})
+	}
+	return modes, nil
 }
 
 // pooledSuffix names the modes that run through -pooler.
@@ -351,6 +396,11 @@ func runDriver(ctx context.Context, o options, d bench.Driver, lat *bench.Latenc
 		{name: "dup", h: inboxH, msgs: bench.Duplicates(dupIDs)},
 		{name: "dedup", h: dedup.Middleware(conn.Bare(write)), msgs: fresh()},
 	}
+	batches, err := batchModes(o, conn, emptyConfig, write, fresh, bench.Duplicates(dupIDs))
+	if err != nil {
+		return err
+	}
+	modes = append(modes, batches...)
 	if o.pooler != "" && d.Dialect() == "postgresql" {
 		pooled, rt, err := openPooled(ctx, o, d, lat)
 		if err != nil {
@@ -524,6 +574,9 @@ func costs(ctx context.Context, o options, admin *bench.Admin, d bench.Driver, r
 	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "one at a time\tround trips/msg\tWAL bytes/msg\tfull-page image bytes/msg\tallocs/msg\t")
 	for _, m := range modes {
+		if m.batch != nil { // one at a time is the per-message modes' measure
+			continue
+		}
 		if err := bench.RunN(m.h, min(o.sample, 50), m.msgs); err != nil { // warm: prepare statements
 			return fmt.Errorf("%s: %w", m.name, err)
 		}
@@ -602,7 +655,7 @@ func mean(xs []float64) float64 {
 // floor, when not nil, in the same rounds.
 func throughput(ctx context.Context, o options, d bench.Driver, c int, modes []mode, floor *bench.Floor) error {
 	for _, m := range modes { // warm every connection of the pool
-		if r := bench.Run(ctx, m.h, c, min(o.duration, 200*time.Millisecond), m.msgs); r.FirstErr != nil {
+		if r := m.run(ctx, c, min(o.duration, 200*time.Millisecond)); r.FirstErr != nil {
 			return fmt.Errorf("%s: %w", m.name, r.FirstErr)
 		}
 	}
@@ -629,7 +682,7 @@ func throughput(ctx context.Context, o options, d bench.Driver, c int, modes []m
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			r := bench.Run(ctx, modes[i].h, c, o.duration, modes[i].msgs)
+			r := modes[i].run(ctx, c, o.duration)
 			rates[i] = r.Rate()
 			results[i] = results[i].Merge(r)
 		}
@@ -664,6 +717,7 @@ func throughput(ctx context.Context, o options, d bench.Driver, c int, modes []m
 		fmt.Fprintf(o.out, "%s / %s: %.2f, rounds %.2f to %.2f\n", m.name, modes[direct].name, median(per), slices.Min(per), slices.Max(per))
 	}
 	inboxMode := slices.IndexFunc(modes, func(m mode) bool { return m.name == "inbox" })
+	batchRatios(o.out, d, c, modes, ratios, inboxMode)
 	switch {
 	case d.Dialect() != "postgresql" || !o.floor || inboxMode < 0:
 	case floor == nil:
@@ -706,4 +760,31 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// batchRatios prints, per batch size, the batch inbox's rate over the
+// per-message inbox's and over the bare batch's, from the rates of each
+// round (ratios[i] are to the same round's bare).
+func batchRatios(out io.Writer, d bench.Driver, c int, modes []mode, ratios [][]float64, inboxMode int) {
+	index := func(name string) int { return slices.IndexFunc(modes, func(m mode) bool { return m.name == name }) }
+	over := func(a, b int) string {
+		var per []float64
+		for r := range ratios[a] {
+			per = append(per, ratios[a][r]/ratios[b][r])
+		}
+		return fmt.Sprintf("%.2f, rounds %.2f to %.2f", median(per), slices.Min(per), slices.Max(per))
+	}
+	for _, m := range modes {
+		if m.batch == nil || !strings.HasSuffix(m.name, "-inbox") {
+			continue
+		}
+		line := fmt.Sprintf("%s c=%d: %s", d.Name, c, m.name)
+		if inboxMode >= 0 {
+			line += " / inbox " + over(index(m.name), inboxMode) + ";"
+		}
+		if bare := index(strings.TrimSuffix(m.name, "-inbox") + "-bare"); bare >= 0 {
+			line += fmt.Sprintf(" / %s %s", modes[bare].name, over(index(m.name), bare))
+		}
+		fmt.Fprintln(out, line)
+	}
 }

@@ -32,6 +32,23 @@ func TestSmoke(t *testing.T) {
 	requireNoErrors(t, out.String())
 }
 
+// The batch modes run on every driver, beside the per-message ones, and
+// print their ratios to the per-message inbox and to the bare batch.
+func TestBatchSmoke(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	err := run(context.Background(), options{
+		drivers: "all", dsn: testdb.PostgresDSN(), mysqlDSN: testdb.MySQLDSN(), conc: []int{2},
+		duration: 20 * time.Millisecond, rounds: 1, sample: 5, dupIDs: 10, batch: []int{1, 10},
+		modes: "bare,inbox,batch1-bare,batch1-inbox,batch10-bare,batch10-inbox,batch10-dup", out: &out,
+	})
+	require.NoError(t, err, out.String())
+	for _, want := range []string{"batch10-inbox", "batch10-dup", "batch10-inbox / inbox", "/ batch10-bare"} {
+		require.Contains(t, out.String(), want)
+	}
+	requireNoErrors(t, out.String())
+}
+
 // With a simulated round trip every measured connection goes through the
 // delay proxy, and round trips are still counted on the wire: native pgx's
 // BEGIN and claim travel together, so the inbox adds none.

@@ -1,0 +1,436 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/internal/session"
+	"github.com/watermill-inbox/inbox/observe"
+)
+
+// Defaults of [BatchConfig].
+const (
+	DefaultMaxBatchSize = 100
+	DefaultMaxBatchWait = 100 * time.Millisecond
+)
+
+// BatchHandlerFunc handles the new messages of one batch in one
+// transaction: write through [TxFromContext](ctx) (pgxinbox.TxFromContext
+// for native pgx), which every message's context also carries. It never sees
+// a duplicate. An error or a panic rolls back every message of msgs.
+type BatchHandlerFunc func(ctx context.Context, msgs []*message.Message) error
+
+// BatchConfig configures [NewBatchConsumer].
+type BatchConfig struct {
+	// Store records claims; it must claim in batches
+	// ([inboxdriver.BatchClaimer]): a *sqlinbox.Store or a
+	// *pgxinbox.Store. Required.
+	Store inboxdriver.Store
+
+	// Consumer scopes the claims as [Config.Consumer] does: a batch
+	// consumer and a middleware of the same name share one claim per
+	// event. Required.
+	Consumer string
+
+	// EventID extracts the event id. Defaults to [DefaultEventID].
+	EventID EventIDFunc
+
+	// TxOptions are the batch transaction's options. Defaults to nil: the
+	// database's default.
+	TxOptions *sql.TxOptions
+
+	// MaxSize is the most messages [BatchConsumer.Run] puts in a batch.
+	// Defaults to [DefaultMaxBatchSize].
+	MaxSize int
+
+	// MaxWait is how long [BatchConsumer.Run] waits, after a batch's first
+	// message, for more. Defaults to [DefaultMaxBatchWait].
+	MaxWait time.Duration
+
+	// Subscriptions is how many times [BatchConsumer.Run] subscribes to
+	// its topic, for subscribers that deliver a subscription's next
+	// message only once the previous one is acked (Watermill's AMQP, NATS
+	// and Redis Streams subscribers): a batch holds at most one message
+	// per subscription there. Not for a subscriber whose subscriptions
+	// each get every message (gochannel). Defaults to 1.
+	Subscriptions int
+
+	// PoisonPublisher takes a message that fails on its own (its event id
+	// is missing or invalid, or the handler fails on it alone, not
+	// transiently), with Watermill's poison metadata; the message is then
+	// acked. Defaults to nil: such a message is nacked.
+	PoisonPublisher message.Publisher
+
+	// PoisonTopic is the topic of PoisonPublisher; required with it.
+	PoisonTopic string
+
+	// Observer is told about every message, as [Config.Observer]. Defaults
+	// to nil.
+	Observer observe.Observer
+
+	// Logger receives a line per poisoned message and failed after-commit
+	// hook. Defaults to [watermill.NopLogger].
+	Logger watermill.LoggerAdapter
+}
+
+// BatchConsumer processes messages in batches, each exactly once: one
+// transaction per batch claims every event with one statement
+// ([inboxdriver.BatchClaimer]), runs the handler on the new ones and
+// commits; then every message of the batch is acked, duplicates included.
+// A batch whose handler fails is split in halves, each in a transaction of
+// its own, until the message that fails is alone; see docs/batch.md.
+type BatchConsumer struct {
+	config  BatchConfig
+	e       *engine
+	claimer inboxdriver.BatchClaimer
+	handler BatchHandlerFunc
+}
+
+// NewBatchConsumer returns a [BatchConsumer] running handler.
+func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsumer, error) {
+	if config.MaxSize == 0 {
+		config.MaxSize = DefaultMaxBatchSize
+	}
+	if config.MaxWait == 0 {
+		config.MaxWait = DefaultMaxBatchWait
+	}
+	if config.Subscriptions == 0 {
+		config.Subscriptions = 1
+	}
+	mc := Config{Store: config.Store, Consumer: config.Consumer, EventID: config.EventID, TxOptions: config.TxOptions, Observer: config.Observer, Logger: config.Logger}
+	mc.setDefaults()
+	claimer, ok := config.Store.(inboxdriver.BatchClaimer)
+	var err error
+	switch {
+	case handler == nil:
+		err = errors.New("handler is nil")
+	case config.Store != nil && !ok:
+		err = fmt.Errorf("Store: %T cannot claim in batches", config.Store)
+	case config.Consumer == "":
+		err = errors.New("Consumer is required")
+	case config.MaxSize < 0 || config.MaxWait < 0 || config.Subscriptions < 0:
+		err = fmt.Errorf("MaxSize (%d), MaxWait (%s) and Subscriptions (%d) must not be negative", config.MaxSize, config.MaxWait, config.Subscriptions)
+	case (config.PoisonPublisher == nil) != (config.PoisonTopic == ""):
+		err = errors.New("PoisonPublisher and PoisonTopic go together")
+	default:
+		err = mc.validate()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inbox: invalid batch config: %w", err)
+	}
+	config.EventID, config.Logger = mc.EventID, mc.Logger
+	e := &engine{config: mc, store: config.Store, observers: flatten(config.Observer)}
+	if checker, ok := config.Store.(inboxdriver.EventIDChecker); ok {
+		e.checkID = checker.CheckEventID
+	}
+	return &BatchConsumer{config: config, e: e, claimer: claimer, handler: handler}, nil
+}
+
+// Run subscribes to topic and processes its messages in batches of up to
+// [BatchConfig.MaxSize], collected for at most [BatchConfig.MaxWait] after
+// each batch's first message, until ctx ends (it returns ctx's error) or the
+// subscription closes (nil). A batch can only hold messages the subscriber
+// delivers before the previous ones are acked; see docs/batch.md.
+func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic string) error {
+	msgs, err := c.subscribe(ctx, sub, topic)
+	if err != nil {
+		return err
+	}
+	for {
+		batch, more := c.collect(ctx, msgs)
+		if len(batch) > 0 && ctx.Err() == nil {
+			_ = c.Process(ctx, batch)
+		} else {
+			for _, msg := range batch {
+				msg.Nack()
+			}
+		}
+		if !more {
+			return ctx.Err()
+		}
+	}
+}
+
+// subscribe subscribes [BatchConfig.Subscriptions] times and merges the
+// subscriptions into one channel, closed once all of them are.
+func (c *BatchConsumer) subscribe(ctx context.Context, sub message.Subscriber, topic string) (<-chan *message.Message, error) {
+	if c.config.Subscriptions == 1 {
+		msgs, err := sub.Subscribe(ctx, topic)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: subscribing to %s: %w", topic, err)
+		}
+		return msgs, nil
+	}
+	merged := make(chan *message.Message)
+	var wg sync.WaitGroup
+	for range c.config.Subscriptions {
+		msgs, err := sub.Subscribe(ctx, topic)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: subscribing to %s: %w", topic, err)
+		}
+		wg.Go(func() {
+			for msg := range msgs {
+				select {
+				case merged <- msg:
+				case <-ctx.Done(): // Run has returned
+					msg.Nack()
+				}
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		close(merged)
+	}()
+	return merged, nil
+}
+
+// collect reads one batch; more is false once ctx ended or msgs closed.
+func (c *BatchConsumer) collect(ctx context.Context, msgs <-chan *message.Message) (batch []*message.Message, more bool) {
+	select {
+	case <-ctx.Done():
+		return nil, false
+	case msg, ok := <-msgs:
+		if !ok {
+			return nil, false
+		}
+		batch = append(batch, msg)
+	}
+	timer := time.NewTimer(c.config.MaxWait)
+	defer timer.Stop()
+	for len(batch) < c.config.MaxSize {
+		select {
+		case <-ctx.Done():
+			return batch, false
+		case <-timer.C:
+			return batch, true
+		case msg, ok := <-msgs:
+			if !ok {
+				return batch, false
+			}
+			batch = append(batch, msg)
+		}
+	}
+	return batch, true
+}
+
+// Process processes one batch the caller collected (a Kafka fetch turned
+// into messages): it acks every message that is done (processed, a
+// duplicate, or poisoned) and nacks the others, and returns nil when all
+// are done, else their errors, joined. Processing the same batch again is
+// safe: what committed is a duplicate.
+func (c *BatchConsumer) Process(ctx context.Context, msgs []*message.Message) error {
+	items := make([]*batchItem, len(msgs))
+	first := make(map[string]*batchItem, len(msgs))
+	var distinct []*batchItem
+	for i, msg := range msgs {
+		it := &batchItem{msg: msg}
+		items[i] = it
+		c.start(it)
+		it.ob.Consumer = c.config.Consumer
+		id, err := c.e.eventID(msg)
+		if err != nil {
+			it.ob.Outcome = idOutcome(err)
+			c.failed(ctx, it, err, true)
+			continue
+		}
+		it.id, it.ob.EventID = id, id
+		if f, ok := first[id]; ok {
+			it.copyOf = f
+			continue
+		}
+		first[id] = it
+		distinct = append(distinct, it)
+	}
+	c.run(ctx, distinct)
+	var errs []error
+	for _, it := range items {
+		if f := it.copyOf; f != nil {
+			// A second copy in one batch shares its first's fate; once
+			// that committed, it is a duplicate.
+			it.err, it.ob.Outcome = f.err, f.ob.Outcome
+			if f.ob.Outcome == observe.Processed {
+				it.ob.Outcome = observe.Duplicate
+			}
+		}
+		it.ob.Err = it.err
+		it.ob.Duration = time.Since(it.ob.Start)
+		c.e.observed(it.dones, it.ob)
+		if it.orig != nil {
+			it.msg.SetContext(it.orig)
+		}
+		if it.err != nil {
+			errs = append(errs, it.err)
+			it.msg.Nack()
+		} else {
+			it.msg.Ack()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// batchItem is one message of a batch and what became of it.
+type batchItem struct {
+	msg    *message.Message
+	id     string
+	copyOf *batchItem // an earlier message of the batch with the same id
+	ob     observe.Observation
+	dones  []func(observe.Observation)
+	orig   context.Context // the message's context before the observers
+	err    error // nil once acked
+	sess   *session.Session
+}
+
+// start tells the observers that the message entered the consumer.
+func (c *BatchConsumer) start(it *batchItem) {
+	if len(c.e.observers) == 0 {
+		return
+	}
+	it.ob.Start = time.Now()
+	ctx := it.msg.Context()
+	it.orig = ctx
+	for _, o := range c.e.observers {
+		var done func(observe.Observation)
+		ctx, done = c.e.startObserver(o, ctx, ctx)
+		it.dones = append(it.dones, done)
+	}
+	it.msg.SetContext(ctx)
+}
+
+// run claims items, distinct events, in one transaction and handles the
+// new ones; a failure that is not transient splits them in halves, each
+// run again, down to the message that fails alone.
+func (c *BatchConsumer) run(ctx context.Context, items []*batchItem) {
+	if len(items) == 0 {
+		return
+	}
+	ids := make([]string, len(items))
+	for i, it := range items {
+		ids[i] = it.id
+	}
+	start := time.Now()
+	tx, claimed, err := c.claimer.ClaimBatch(ctx, inboxdriver.BatchClaim{TxOptions: c.config.TxOptions, Consumer: c.config.Consumer, EventIDs: ids})
+	for _, it := range items {
+		it.ob.ClaimStart, it.ob.ClaimDuration = start, time.Since(start)
+	}
+	if err != nil {
+		outcome := observe.ClaimFailed
+		if errors.Is(err, ErrInFlight) {
+			outcome = observe.InFlight
+		}
+		if !IsPermanent(err) {
+			err = Transient(err)
+		}
+		err = fmt.Errorf("inbox: claiming a batch of %d events for consumer %q: %w", len(items), c.config.Consumer, err)
+		c.fail(ctx, items, outcome, err)
+		return
+	}
+	var fresh []*batchItem
+	for i, it := range items {
+		if claimed[i] {
+			fresh = append(fresh, it)
+		} else {
+			it.ob.Outcome = observe.Duplicate
+		}
+	}
+	if tx == nil {
+		return
+	}
+	var ob observe.Observation
+	if err := c.handle(ctx, tx, fresh, &ob); err != nil {
+		c.fail(ctx, fresh, ob.Outcome, err)
+	}
+}
+
+// fail ends items with err, splitting them when one of them may be the
+// cause: a single item's non-transient failure is its own.
+func (c *BatchConsumer) fail(ctx context.Context, items []*batchItem, outcome observe.Outcome, err error) {
+	if len(items) > 1 && !IsTransient(err) {
+		half := len(items) / 2
+		c.run(ctx, items[:half])
+		c.run(ctx, items[half:])
+		return
+	}
+	for _, it := range items {
+		it.ob.Outcome = outcome
+		c.failed(ctx, it, err, len(items) == 1 && !IsTransient(err))
+	}
+}
+
+// failed ends a message with err: poisoned (and acked) when it failed on
+// its own and a poison publisher is set, else nacked.
+func (c *BatchConsumer) failed(ctx context.Context, it *batchItem, err error, alone bool) {
+	it.err = err
+	if !alone || c.config.PoisonPublisher == nil {
+		return
+	}
+	msg := it.msg.Copy()
+	msg.Metadata.Set(middleware.ReasonForPoisonedKey, err.Error())
+	msg.Metadata.Set(middleware.PoisonedHandlerKey, c.config.Consumer)
+	msg.SetContext(context.WithoutCancel(ctx))
+	if perr := c.config.PoisonPublisher.Publish(c.config.PoisonTopic, msg); perr != nil {
+		it.err = errors.Join(err, fmt.Errorf("inbox: publishing to the poison topic: %w", perr))
+		return
+	}
+	c.config.Logger.Error("Inbox: message of a batch poisoned", err, watermill.LogFields{"consumer": c.config.Consumer, "event_id": it.id, "message_uuid": it.msg.UUID})
+	it.err = nil
+}
+
+// handle runs the handler on fresh in tx and commits; on error tx is
+// rolled back and ob.Outcome says why.
+func (c *BatchConsumer) handle(ctx context.Context, tx inboxdriver.Tx, fresh []*batchItem, ob *observe.Observation) (err error) {
+	committed := false
+	msgs := make([]*message.Message, len(fresh))
+	for i, it := range fresh {
+		it.sess = &session.Session{Tx: tx, Consumer: c.config.Consumer, EventID: it.id, Msg: it.msg, Reporter: c.e}
+		orig := it.msg.Context()
+		it.msg.SetContext(session.With(orig, it.sess))
+		defer it.msg.SetContext(orig)
+		msgs[i] = it.msg
+	}
+	batch := &session.Session{Tx: tx, Consumer: c.config.Consumer, Msg: fresh[0].msg, Reporter: c.e}
+	defer func() {
+		if !committed {
+			batch.End()
+			for _, it := range fresh {
+				it.sess.End()
+			}
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	ob.Outcome = observe.RolledBack
+	if err := c.call(session.With(ctx, batch), msgs); err != nil {
+		return c.e.failed(ctx, tx, err, "the batch handler", ob)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return c.e.failed(ctx, tx, fmt.Errorf("inbox: committing a batch of %d events for consumer %q (redeliveries will tell whether it was committed): %w", len(fresh), c.config.Consumer, err), "", ob)
+	}
+	committed = true
+	hookErr := c.e.runHooks(ctx, batch)
+	for _, it := range fresh {
+		it.ob.Outcome = observe.Processed
+		it.ob.AfterCommitErr = errors.Join(hookErr, c.e.runHooks(ctx, it.sess))
+	}
+	return nil
+}
+
+// call runs the handler, turning a panic into an error: the batch is then
+// split like for any other failure, and the message that panics alone is
+// poisoned or nacked.
+func (c *BatchConsumer) call(ctx context.Context, msgs []*message.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("inbox: batch handler panicked: %v", r)
+		}
+	}()
+	return c.handler(ctx, msgs)
+}
