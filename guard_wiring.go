@@ -52,7 +52,7 @@ func (r *receivedBy) record(eventID, handler string) string {
 		return first
 	}
 	if r.handler == nil {
-		r.handler = make(map[string]string, fixedEvents)
+		r.handler = map[string]string{}
 	}
 	if len(r.ids) < fixedEvents {
 		r.ids = append(r.ids, eventID)
