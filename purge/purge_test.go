@@ -359,7 +359,10 @@ func TestOneRunnerAtATime(t *testing.T) {
 		ctx := context.Background()
 		if !tg.oneRunner {
 			// SQLite serialises the rounds' writes: four at once delete
-			// each row once.
+			// each row once. A round that waited for the write lock longer
+			// than the busy timeout, which a busy machine can make it do,
+			// gives up with a batch timeout, having counted what it
+			// deleted; one more round, alone, deletes the rest.
 			var (
 				wg    sync.WaitGroup
 				total atomic.Int64
@@ -368,12 +371,16 @@ func TestOneRunnerAtATime(t *testing.T) {
 				p := b.purger(t, purge.Config{Retention: day, BatchSize: 200, BatchPause: 5 * time.Millisecond})
 				wg.Go(func() {
 					n, err := p.PurgeOnce(ctx)
-					assert.NoError(t, err)
+					if err != nil {
+						assert.ErrorIs(t, err, maintenance.ErrPurgeTimeout)
+					}
 					total.Add(n)
 				})
 			}
 			wg.Wait()
-			require.EqualValues(t, 3000, total.Load())
+			n, err := b.purger(t, purge.Config{Retention: day}).PurgeOnce(ctx)
+			require.NoError(t, err)
+			require.EqualValues(t, 3000, total.Load()+n)
 			require.Empty(t, b.rows(t))
 			return
 		}
