@@ -27,6 +27,24 @@ type FingerprintChecker interface {
 	CheckFingerprints() error
 }
 
+// ShardKeyChecker is implemented by stores that can keep a shard key with
+// each claim. The middleware refuses to start when keyed (a shard key
+// function is configured) does not match what CheckShardKeys accepts, and
+// with a shard key function on a store that lacks this interface.
+type ShardKeyChecker interface {
+	CheckShardKeys(keyed bool) error
+}
+
+// TxProber is implemented by stores that can tell whether a claim's
+// connection still answers. After a handler's error that carries no code of
+// the database's, the middleware reports the error as transient only when
+// ProbeTx returns an error: the connection did not answer a trivial
+// statement. An answer, even an error of the database's own (a transaction
+// aborted by the failed statement), is nil.
+type TxProber interface {
+	ProbeTx(ctx context.Context, tx Tx) error
+}
+
 // ConflictDetector is implemented by stores whose database can report the
 // race between two copies of one event as a conflict on a statement after
 // the claim, or at COMMIT: a multi-primary cluster's certification failure,
