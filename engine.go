@@ -119,7 +119,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *observ
 // beforeClaim runs the guards and policies that look at a message before
 // any SQL; stop means the message goes no further, with err as its result.
 func (e *engine) beforeClaim(msg *message.Message, consumer, eventID string, ob *observe.Observation) (stop bool, err error) {
-	if err := e.wiring.beforeClaim(e, msg, consumer); err != nil {
+	if err := e.wiring.beforeClaim(e, msg, consumer, eventID); err != nil {
 		ob.Outcome = observe.Miswired
 		return true, err
 	}

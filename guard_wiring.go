@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/watermill-inbox/inbox/internal/errtext"
 	"github.com/watermill-inbox/inbox/internal/session"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // poisonReasonKey is Watermill's middleware.ReasonForPoisonedKey, the
@@ -17,16 +19,55 @@ import (
 const poisonReasonKey = "reason_poisoned"
 
 // wiringGuard refuses the wirings that are proof of a lost or doubled
-// effect: the inbox wrapping itself, one fixed consumer reached from two
-// handler names, a handler called twice in one transaction, a PoisonQueue
-// inside the inbox.
+// effect: the inbox wrapping itself, one event reaching two handler names
+// that share a fixed consumer, a handler called twice in one transaction, a
+// PoisonQueue inside the inbox.
 type wiringGuard struct {
 	fixedHandler atomic.Pointer[string] // the first handler name seen with a fixed Consumer
+	fixed        receivedBy
+}
+
+// receivedBy remembers, under a fixed [Config.Consumer], which handler name
+// received each of the last fixedEvents events. Two handler names on
+// disjoint topics share the consumer harmlessly; an event that reaches both
+// is proof that one of them would ack it unprocessed, as the other's
+// duplicate. An event older than the memory, or received in another
+// process, goes unseen: the suspicion warning covers it.
+type receivedBy struct {
+	mu      sync.Mutex
+	handler map[string]string // event id -> handler name
+	ids     []string          // the keys of handler, a ring, oldest at next
+	next    int
+}
+
+// fixedEvents bounds receivedBy's memory: about 100 bytes an event.
+const fixedEvents = 4096
+
+// record notes that handler received eventID and returns the handler
+// name that received it first.
+func (r *receivedBy) record(eventID, handler string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if first, ok := r.handler[eventID]; ok {
+		return first
+	}
+	if r.handler == nil {
+		r.handler = map[string]string{}
+	}
+	if len(r.ids) < fixedEvents {
+		r.ids = append(r.ids, eventID)
+	} else {
+		delete(r.handler, r.ids[r.next])
+		r.ids[r.next] = eventID
+		r.next = (r.next + 1) % fixedEvents
+	}
+	r.handler[eventID] = handler
+	return handler
 }
 
 // beforeClaim refuses, before any SQL, a message the middleware would
 // handle wrongly because of how it is wired.
-func (g *wiringGuard) beforeClaim(e *engine, msg *message.Message, consumer string) error {
+func (g *wiringGuard) beforeClaim(e *engine, msg *message.Message, consumer, eventID string) error {
 	// The same message already inside a session: the inner claim would
 	// wait forever on the outer one's row lock, or, under another consumer
 	// name, commit apart from it.
@@ -40,15 +81,19 @@ func (g *wiringGuard) beforeClaim(e *engine, msg *message.Message, consumer stri
 	if name == "" {
 		return nil
 	}
+	if first := g.fixed.record(eventID, name); first != name {
+		return fmt.Errorf("%w: event %s reached handlers %q and %q, which share the fixed consumer %q, so it would run in one only; see docs/wiring.md#consumers", ErrMiswired, errtext.Quote(eventID), first, name, consumer)
+	}
 	first := g.fixedHandler.Load()
 	if first == nil {
 		claimed := name // only this copy escapes: no allocation per message
 		g.fixedHandler.CompareAndSwap(nil, &claimed)
 		first = g.fixedHandler.Load()
 	}
-	if *first != name {
-		// Each event would run in only one of the two handlers.
-		return fmt.Errorf("%w: handlers %q and %q share the fixed consumer %q, so each event runs in one of them; see docs/wiring.md#consumers", ErrMiswired, *first, name, consumer)
+	if *first != name && e.once.first("fixed consumer", consumer) {
+		e.warn(observe.SharedConsumer, consumer, nil, ErrMiswired,
+			"two handler names share the fixed consumer: an event reaching both runs in one only, and is refused when seen; give each its own Consumer, or set ShareConsumer",
+			watermill.LogFields{"handlers": *first + ", " + name})
 	}
 	return nil
 }

@@ -26,17 +26,18 @@ type Config struct {
 	Store inboxdriver.Store
 
 	// Consumer scopes the claims: each consumer processes each event once,
-	// so several handlers can share one inbox table. Set it to keep a
-	// consumer's claims across a handler rename, or when the middleware
-	// runs outside a router. Renaming a consumer makes it process every
+	// so several handlers can share one inbox table. Set it, on each
+	// handler's own middleware, to keep a consumer's claims across a
+	// handler rename, or when the middleware runs outside a router. Renaming a consumer makes it process every
 	// event again. Printable UTF-8, at most 255 bytes. Defaults to the
 	// Watermill handler name of each message.
 	Consumer string
 
 	// ShareConsumer lets one fixed [Config.Consumer] be reached from
 	// several handler names, which then share one claim per event: each
-	// event runs in only one of them. Defaults to false: the messages of
-	// a second handler name fail with [ErrMiswired].
+	// event runs in only one of them. Defaults to false: a second handler
+	// name is warned about, and an event that reaches two handler names
+	// fails with [ErrMiswired] at the second.
 	ShareConsumer bool
 
 	// Service names the service the consumers belong to, for the warning

@@ -340,8 +340,17 @@ func (s *Store) CountTxWrites(ctx context.Context, tx inboxdriver.Tx) (int64, bo
 	if !ok || s.claim.TxWrites == "" {
 		return 0, false, nil
 	}
+	// Under a savepoint (a nested pgx.Tx), as sqlinbox counts: a failed
+	// count must not abort the claim's transaction.
+	sp, err := t.Begin(ctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("pgxinbox: counting the transaction's writes: %w", err)
+	}
 	var n *int64
-	if err := t.QueryRow(ctx, s.claim.TxWrites).Scan(&n); err != nil {
+	if err := sp.QueryRow(ctx, s.claim.TxWrites).Scan(&n); err != nil {
+		return 0, false, fmt.Errorf("pgxinbox: counting the transaction's writes: %w", errors.Join(err, sp.Rollback(ctx)))
+	}
+	if err := sp.Commit(ctx); err != nil {
 		return 0, false, fmt.Errorf("pgxinbox: counting the transaction's writes: %w", err)
 	}
 	if n == nil {

@@ -32,12 +32,11 @@ func (skippedError) Skipped() bool { return true }
 // ErrTableMismatch is returned by [Purger.PurgeOnce] and [Purger.DryRun],
 // before anything is deleted, when the table's times cannot be compared
 // correctly with the purge's cutoff: a time column of the wrong type (MySQL
-// TIMESTAMP, or DATETIME written by CURRENT_TIMESTAMP, in a session not at
-// UTC; PostgreSQL timestamp without time zone) or, on SQLite, rows whose
-// processed_at is text in another form than the one the column's default
-// writes. Purging such a table would delete rows still inside the retention.
-// What compares alike is accepted: timestamptz at any precision or under a
-// domain, DATETIME at any precision holding UTC. The error says what is wrong
+// TIMESTAMP, PostgreSQL timestamp without time zone) or, on SQLite, rows
+// whose processed_at is text in another form than the one the claims write.
+// Purging such a table would delete rows still inside the retention. What
+// compares alike is accepted: timestamptz at any precision or under a
+// domain, DATETIME at any precision; inbox check judges the column alike. The error says what is wrong
 // and how to migrate; a purger checks again each round until the table
 // passes, then never again. A check that cannot read the catalog does not
 // stop the purge: it is logged once and the rounds go on. Test for it with

@@ -137,7 +137,8 @@ func typeOf(cols []column, name string) (string, bool) {
 }
 
 // columnsFinding compares the claim's columns: three, event_time on a
-// table partitioned by it, and the shard key column when there is one.
+// table partitioned by it, and the shard key column when there is one. A
+// time column's type is judged as the purge judges it (timeColumnProblem).
 func (m maintainer) columnsFinding(q maintenanceQueries, cols []column) maintenance.Finding {
 	f := maintenance.Finding{Aspect: maintenance.AspectColumns, OK: true}
 	var found, want []string
@@ -153,7 +154,12 @@ func (m maintainer) columnsFinding(q maintenanceQueries, cols []column) maintena
 		if !ok {
 			typ = "missing"
 		}
-		f.OK = f.OK && typ == q.wantColumns[name]
+		switch name {
+		case "processed_at", "event_time":
+			f.OK = f.OK && ok && timeColumnProblem(m.s.dialect, m.s.table, name, typ, q.wantColumns[name]) == ""
+		default:
+			f.OK = f.OK && typ == q.wantColumns[name]
+		}
 		found = append(found, name+" "+typ)
 		want = append(want, name+" "+q.wantColumns[name])
 	}

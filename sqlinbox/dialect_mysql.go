@@ -92,7 +92,13 @@ func (mysqlDialect) queries(t tableName, c Config) queries {
 		// processed_at, which no vschema shards by: Vitess refuses an
 		// assignment to a vindex column (consumer, event_id or the shard
 		// key), even of the column to itself (VT12001).
-		claim: fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON DUPLICATE KEY UPDATE processed_at = processed_at", table, cols, vals),
+		//
+		// processed_at is written, not left to the column's default: a
+		// DATETIME default of CURRENT_TIMESTAMP, or NOW() anywhere, follows
+		// the writer's session time_zone, and the purge, comparing with
+		// UTC_TIMESTAMP(6), would delete the rows of a writer east of UTC
+		// early.
+		claim: fmt.Sprintf("INSERT INTO %s (%s, processed_at) VALUES (%s, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE processed_at = processed_at", table, cols, vals),
 	}
 	if c.Fingerprints {
 		q.fingerprint = fmt.Sprintf("SELECT fingerprint FROM %s WHERE %s", table, key)

@@ -83,8 +83,10 @@ func (sqlite) queries(t tableName, c Config) queries {
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)`, t.derived("processed_at_idx").quoted('"'), table),
 		},
 		// ON CONFLICT DO NOTHING never fails on the key: the change count
-		// says new (1) or duplicate (0).
-		claim: fmt.Sprintf(`INSERT INTO %s (%s) VALUES (?, ?%s) ON CONFLICT DO NOTHING`, table, cols, fpVal),
+		// says new (1) or duplicate (0). processed_at is written in the
+		// one form the purge compares, whatever the column's default
+		// (CURRENT_TIMESTAMP writes "2026-12-01 10:26:00").
+		claim: fmt.Sprintf(`INSERT INTO %s (%s, processed_at) VALUES (?, ?%s, strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now')) ON CONFLICT DO NOTHING`, table, cols, fpVal),
 	}
 	if c.Fingerprints {
 		q.fingerprint = fmt.Sprintf(`SELECT fingerprint FROM %s WHERE consumer = ? AND event_id = ?`, table)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
 	"net/url"
 	"strings"
 	"sync"
@@ -189,16 +190,21 @@ func TestInboxTableOnlyGrantIsProcessed(t *testing.T) {
 	require.True(t, strings.Contains(logs[0].Err.Error(), "42501") || strings.Contains(logs[0].Err.Error(), "permission denied"), logs[0].Err.Error())
 }
 
-// warnings counts the warnings observed.
+// warnings counts the warnings and the outcomes observed.
 type warnings struct {
-	mu  sync.Mutex
-	got map[observe.Warning]int
+	mu       sync.Mutex
+	got      map[observe.Warning]int
+	outcomes map[observe.Outcome]int
 }
 
 func (w *warnings) Start(ctx context.Context) (context.Context, func(observe.Observation)) {
 	return ctx, func(ob observe.Observation) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
+		if w.outcomes == nil {
+			w.outcomes = map[observe.Outcome]int{}
+		}
+		w.outcomes[ob.Outcome]++
 		if ob.Warning == "" {
 			return
 		}
@@ -213,4 +219,39 @@ func (w *warnings) count(k observe.Warning) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.got[k]
+}
+
+// A hardened PostgreSQL, SELECT on pg_stat_xact_user_tables revoked: the
+// produced publisher's write count fails inside the claim's transaction,
+// which must go on (a savepoint takes the failure). Every message is
+// processed once; the check goes unchecked, said once.
+func TestWriteCountWithoutPrivilegeIsProcessed(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"postgres", "pgx"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.Open(t, driver, testdb.RestrictedPostgres(t, "pg_stat_xact_user_tables"))
+			outbox := testdb.Table(t, db, "outbox")
+			_, err := db.Exec("CREATE TABLE " + outbox + " (k VARCHAR(64) PRIMARY KEY)")
+			require.NoError(t, err)
+			effects, logs, seen := producing(t, db, sqlinbox.PostgreSQL, func(tx *sql.Tx) message.Publisher {
+				return execPublisher{tx: tx, query: "INSERT INTO " + outbox + " (k) VALUES ($1)"}
+			})
+			require.Equal(t, map[string]int{"ev-0": 1, "ev-1": 1, "ev-2": 1}, effects)
+			require.Len(t, logs, 1, "one line for the unchecked consumer")
+			require.Equal(t, string(observe.Unchecked), logs[0].Fields["warning"])
+			require.ErrorContains(t, logs[0].Err, "42501")
+			require.Zero(t, seen.count(observe.PublisherOutsideTx))
+			require.Equal(t, map[observe.Outcome]int{observe.Processed: 3}, seen.outcomeCounts(), "no attempt fails")
+			var rows int
+			require.NoError(t, db.QueryRow("SELECT count(*) FROM "+outbox).Scan(&rows))
+			require.Equal(t, 3, rows, "the produced messages commit with their claims")
+		})
+	}
+}
+
+func (w *warnings) outcomeCounts() map[observe.Outcome]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.outcomes)
 }

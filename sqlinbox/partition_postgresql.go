@@ -59,8 +59,9 @@ func partitionedQueries(t tableName, c Config, idType, cols, fpCol, fpVal string
 		// The primary key's (consumer, event_id) prefix makes the lookup
 		// one index probe per partition. ON CONFLICT DO NOTHING still
 		// guards the same-microsecond case the key does see.
-		claim: fmt.Sprintf(`INSERT INTO %[1]s (%[3]s)
-SELECT $1::text, $2::%[2]s%[4]s
+		// processed_at is written, as pgInsertClaim says why.
+		claim: fmt.Sprintf(`INSERT INTO %[1]s (%[3]s, processed_at)
+SELECT $1::text, $2::%[2]s%[4]s, now()
 WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE consumer = $1::text AND event_id = $2::%[2]s)
 ON CONFLICT DO NOTHING`, table, idType, cols, fpVal),
 		beforeClaim: lock,

@@ -68,6 +68,9 @@ func TestServicesSharingATable(t *testing.T) {
 
 			mailer, log := run("mailer")
 			require.Equal(t, map[string]int{"duplicate": 3}, mailer.Outcomes, "processed, as duplicates of billing's claims")
+			// mailer waits, after its first message, for its lease's first
+			// heartbeat (sqlinbox/testdata/services, -pause): it then warns
+			// on every message.
 			require.Equal(t, map[string]int{"shared_consumer": 2}, mailer.Warnings, "every message after the first heartbeat")
 			want := fmt.Sprintf(`shares consumer %q with %s`, servicetest.HandlerName, pkg+"billing")
 			require.Equal(t, 1, bytes.Count([]byte(log), []byte(want)), "one error line per consumer:\n%s", log)

@@ -55,7 +55,12 @@ const pgMaxTimeout = math.MaxInt32 * time.Millisecond
 // the insert looks for a conflict, so the lock wait of this very statement
 // is bounded; the statement after it restores the session's value, so the
 // handler's own statements are not.
+//
+// processed_at is written as now(), not left to the column's default: a
+// default such as now() AT TIME ZONE 'UTC' on a timestamptz is read back in
+// the writer's TimeZone, and the purge would delete its rows early.
 func pgInsertClaim(timeout time.Duration, table, cols, vals string) (claim, after string) {
+	cols, vals = cols+", processed_at", vals+", now()"
 	if timeout > 0 {
 		return fmt.Sprintf(`%sINSERT INTO %s (%s) SELECT %s FROM lt ON CONFLICT DO NOTHING`, pgClaimTimeout(timeout), table, cols, vals), pgRestoreLockTimeout
 	}

@@ -28,7 +28,7 @@ func (s *Store) CountTxWrites(ctx context.Context, tx inboxdriver.Tx) (int64, bo
 	if !ok || !counts || s.onVitess() {
 		return 0, false, nil
 	}
-	n, ok, err := sumLastColumn(ctx, t, d.txWrites())
+	n, ok, err := underSavepoint(ctx, t, func() (int64, bool, error) { return sumLastColumn(ctx, t, d.txWrites()) })
 	if err != nil {
 		return 0, false, fmt.Errorf("sqlinbox: counting the transaction's writes: %w", err)
 	}

@@ -3,6 +3,7 @@ package sqlinbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"strconv"
 )
 
@@ -71,4 +72,22 @@ func sumLastColumn(ctx context.Context, tx *sql.Tx, query string) (sum int64, ok
 		sum, ok = sum+n, true
 	}
 	return sum, ok, rows.Err()
+}
+
+// underSavepoint runs count, a read of the claim's transaction tx, under a
+// savepoint rolled back when it fails: on PostgreSQL a failed statement
+// (SELECT on pg_stat_xact_user_tables revoked) would otherwise abort the
+// transaction, and the claim and the handler's writes with it. The
+// savepoint costs two round trips, paid at a consumer's first publish only.
+func underSavepoint(ctx context.Context, tx *sql.Tx, count func() (int64, bool, error)) (int64, bool, error) {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT watermill_inbox_count"); err != nil {
+		return 0, false, err
+	}
+	n, ok, err := count()
+	if err != nil {
+		_, undo := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT watermill_inbox_count")
+		return 0, false, errors.Join(err, undo)
+	}
+	_, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT watermill_inbox_count")
+	return n, ok, err
 }

@@ -126,12 +126,40 @@ func testUnusedTxReported(t *testing.T, target Target) {
 	require.Equal(t, "skips", logs[0].Fields["consumer"])
 }
 
-// One fixed consumer reached from two handler names: the second handler's
-// messages fail, because the two would share one claim per event; sharing is
-// allowed when asked for, and then each event runs in one of them.
+// One fixed consumer reached from two handler names. On disjoint topics no
+// event can reach both: every message is processed, and the sharing is
+// warned about once (it was refused, 5 handled and 5 poisoned). An event
+// that reaches both is proof: the copy that would be acked unprocessed, as
+// the other handler's duplicate, is refused. Sharing is allowed when asked
+// for, and then each event runs in one of them.
 func testFixedConsumerFromTwoHandlers(t *testing.T, target Target) {
+	t.Run("disjoint topics", func(t *testing.T) {
+		b := setup(t, target)
+		ps := pubsub()
+		errs := make(chan error, 20)
+		logger := NewLogger()
+		RunRouter(t, func(r *message.Router) {
+			r.AddMiddleware(ErrorsTo(errs), b.middleware(t, inbox.Config{Consumer: "billing", Logger: logger}))
+			r.AddHandler("invoicing", "orders", ps, "", nil, b.handler(nil))
+			r.AddHandler("analytics", "clicks", ps, "", nil, b.handler(nil))
+		})
+		orders, clicks := ids("order", 5), ids("click", 5)
+		for i := range orders {
+			publish(t, ps, "orders", newMsg(orders[i]))
+			publish(t, ps, "clicks", newMsg(clicks[i]))
+		}
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err, "no event reached both handlers")
+		}
+		require.Equal(t, once("billing", append(orders, clicks...)...), b.effectCounts(t))
+		logs := logger.Errors()
+		require.Len(t, logs, 1, "one warning")
+		require.Equal(t, string(observe.SharedConsumer), logs[0].Fields["warning"])
+		require.Equal(t, "invoicing, analytics", logs[0].Fields["handlers"])
+	})
 	for _, share := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ShareConsumer=%v", share), func(t *testing.T) {
+		t.Run(fmt.Sprintf("one event on both topics/ShareConsumer=%v", share), func(t *testing.T) {
 			b := setup(t, target)
 			ps := pubsub()
 			errs := make(chan error, 10)
@@ -148,20 +176,17 @@ func testFixedConsumerFromTwoHandlers(t *testing.T, target Target) {
 			for err := range errs {
 				got = append(got, err)
 			}
+			// order-1 reached analytics too.
+			require.Equal(t, once("billing", "order-1", "click-1"), b.effectCounts(t))
+			require.Equal(t, 2, b.claims(t))
 			if share {
-				require.Empty(t, got)
-				// order-1 reached analytics too, and was its duplicate.
-				require.Equal(t, once("billing", "order-1", "click-1"), b.effectCounts(t))
+				require.Empty(t, got, "it was analytics' duplicate")
 				return
 			}
-			require.Len(t, got, 2)
-			require.Equal(t, 2, obs.count(observe.Miswired), "metrics tell a wiring mistake from a failing database")
-			for _, err := range got {
-				require.ErrorIs(t, err, inbox.ErrMiswired)
-				require.ErrorContains(t, err, `handlers "invoicing" and "analytics" share the fixed consumer "billing"`)
-			}
-			require.Equal(t, once("billing", "order-1"), b.effectCounts(t))
-			require.Equal(t, 1, b.claims(t))
+			require.Len(t, got, 1)
+			require.Equal(t, 1, obs.count(observe.Miswired), "metrics tell a wiring mistake from a failing database")
+			require.ErrorIs(t, got[0], inbox.ErrMiswired)
+			require.ErrorContains(t, got[0], `event "order-1" reached handlers "invoicing" and "analytics", which share the fixed consumer "billing"`)
 		})
 	}
 }

@@ -154,6 +154,7 @@ func TestAMQPConsumerKilledWithUnackedDeliveries(t *testing.T) {
 	billing.RequireExactlyOnce(t, ids)
 
 	require.EqualValues(t, len(ids)-committed, billing.Handled.Load(), "the restarted consumer handled only the rest")
+	billing.Settled(t)
 	duplicates := billing.Outcomes()[observe.Duplicate]
 	require.EqualValues(t, ready-(len(ids)-committed), duplicates, "every committed but unacknowledged event was skipped")
 	require.GreaterOrEqual(t, duplicates, int64(1))
@@ -237,6 +238,7 @@ func TestAMQPPublisherRetriesAfterLostConfirm(t *testing.T) {
 	require.Eventually(t, func() bool { return billing.Delivered.Load() == int64(n+lost) }, effects.WaitFor, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return amqpReady(t, queue) == 0 && billing.Handled.Load() == n }, effects.WaitFor, 20*time.Millisecond)
 	billing.RequireExactlyOnce(t, ids)
+	billing.Settled(t)
 	require.EqualValues(t, lost, billing.Outcomes()[observe.Duplicate])
 	report(t, start, ids, counted{"republished after a lost confirm": lost}, billing)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
 	"github.com/watermill-inbox/inbox/internal/testing/killtest"
@@ -176,6 +177,7 @@ func TestNATSAckAfterAckWait(t *testing.T) {
 				mu         sync.Mutex
 				held       = map[string]bool{}
 				holding    = map[string]chan struct{}{} // closed when a copy arrives
+				gaveUp     = map[string]chan struct{}{} // closed when a copy's claim gave up (ErrInFlight)
 				overlapped int
 			)
 			seeCopies := func(h message.HandlerFunc) message.HandlerFunc {
@@ -187,12 +189,22 @@ func TestNATSAckAfterAckWait(t *testing.T) {
 						overlapped++
 					}
 					mu.Unlock()
-					return h(msg)
+					produced, err := h(msg)
+					if errors.Is(err, inbox.ErrInFlight) {
+						mu.Lock()
+						if ch, ok := gaveUp[msg.UUID]; ok {
+							delete(gaveUp, msg.UUID)
+							close(ch)
+						}
+						mu.Unlock()
+					}
+					return produced, err
 				}
 			}
 			// The first copy of a slow event to reach the handler holds its
-			// transaction until a redelivery has reached the inbox, and a while
-			// longer, so that the copy's claim waits (beyond ClaimTimeout).
+			// transaction until a redelivery has reached the inbox and its
+			// claim waits: with ClaimTimeout, until that claim gave up, however
+			// long the copy took to reach it; without, a while longer.
 			hold := func(msg *message.Message) error {
 				mu.Lock()
 				if !slow[msg.UUID] || held[msg.UUID] {
@@ -200,13 +212,21 @@ func TestNATSAckAfterAckWait(t *testing.T) {
 					return nil
 				}
 				held[msg.UUID] = true
-				ch := make(chan struct{})
-				holding[msg.UUID] = ch
+				ch, gave := make(chan struct{}), make(chan struct{})
+				holding[msg.UUID], gaveUp[msg.UUID] = ch, gave
 				mu.Unlock()
 				select {
 				case <-ch:
-					time.Sleep(300 * time.Millisecond)
-					return nil
+					if tc.claimTimeout == 0 {
+						time.Sleep(300 * time.Millisecond)
+						return nil
+					}
+					select {
+					case <-gave:
+						return nil
+					case <-time.After(effects.WaitFor):
+						return errors.New("the copy's claim never gave up waiting (ErrInFlight)")
+					}
 				case <-time.After(effects.WaitFor):
 					return errors.New("no redelivery arrived while the first copy held its transaction")
 				}

@@ -231,6 +231,21 @@ func (s *Service) Outcomes() map[observe.Outcome]int64 {
 	return out
 }
 
+// Settled waits until every delivery that reached the inbox has ended
+// there with an outcome: Delivered counts a message before the inbox has
+// decided it, so a copy waiting for its sibling's claim can still be on
+// its way to "duplicate" once the other counters look final.
+func (s *Service) Settled(t testing.TB) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var ended int64
+		for _, n := range s.Outcomes() {
+			ended += n
+		}
+		return ended == s.Delivered.Load()
+	}, WaitFor, 20*time.Millisecond, "deliveries still inside the inbox")
+}
+
 // EffectCounts returns how many effect rows each event id has.
 func (s *Service) EffectCounts(t testing.TB) map[string]int {
 	t.Helper()
