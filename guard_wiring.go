@@ -9,6 +9,7 @@ import (
 
 	"github.com/watermill-inbox/inbox/internal/errtext"
 	"github.com/watermill-inbox/inbox/internal/session"
+	"github.com/watermill-inbox/inbox/observe"
 )
 
 // poisonReasonKey is Watermill's middleware.ReasonForPoisonedKey, the
@@ -21,19 +22,28 @@ const poisonReasonKey = "reason_poisoned"
 // handler names, a handler called twice in one transaction, a PoisonQueue
 // inside the inbox.
 type wiringGuard struct {
+	guardDefaults
+	consumer     string // Config.Consumer
+	share        bool   // Config.ShareConsumer
+	logger       watermill.LoggerAdapter
 	fixedHandler atomic.Pointer[string] // the first handler name seen with a fixed Consumer
+}
+
+func newWiringGuard(d guardDeps) guard {
+	return &wiringGuard{consumer: d.config.Consumer, share: d.config.ShareConsumer, logger: d.config.Logger}
 }
 
 // beforeClaim refuses, before any SQL, a message the middleware would
 // handle wrongly because of how it is wired.
-func (g *wiringGuard) beforeClaim(e *engine, msg *message.Message, consumer string) error {
+func (g *wiringGuard) beforeClaim(v *visit) error {
+	msg, consumer := v.msg, v.consumer
 	// The same message already inside a session: the inner claim would
 	// wait forever on the outer one's row lock, or, under another consumer
 	// name, commit apart from it.
 	if outer := session.From(msg.Context()); outer != nil && outer.Msg == msg {
 		return fmt.Errorf("%w: the inbox wraps this handler twice (consumer %q): keep one of router.AddMiddleware and inbox.Handler", ErrMiswired, outer.Consumer)
 	}
-	if e.config.Consumer == "" || e.config.ShareConsumer {
+	if g.consumer == "" || g.share {
 		return nil
 	}
 	name := message.HandlerNameFromCtx(msg.Context())
@@ -55,7 +65,8 @@ func (g *wiringGuard) beforeClaim(e *engine, msg *message.Message, consumer stri
 
 // afterHandler looks, after the handler chain returned success, for
 // middlewares inside the inbox that repeated or swallowed a handler call.
-func (g *wiringGuard) afterHandler(e *engine, s *session.Session, poisonedBefore string) error {
+func (g *wiringGuard) afterHandler(v *visit) error {
+	s := v.s
 	if n := s.Calls(); n > 1 {
 		return errCalledTwice(s, n)
 	}
@@ -63,11 +74,12 @@ func (g *wiringGuard) afterHandler(e *engine, s *session.Session, poisonedBefore
 	// success: committing would keep the failed attempt's writes and the
 	// claim, and the event could never be replayed from the poison queue.
 	// Rolling back instead is what PoisonQueue outside the inbox does.
-	if reason := s.Msg.Metadata.Get(poisonReasonKey); reason != "" && reason != poisonedBefore {
-		e.config.Logger.Error("Inbox: a PoisonQueue inside the inbox took this message: rolled back and acked; put PoisonQueue outside the inbox", ErrMiswired, watermill.LogFields{
+	if reason := s.Msg.Metadata.Get(poisonReasonKey); reason != "" && reason != v.poisoned {
+		v.ob.Outcome = observe.Miswired
+		g.logger.Error("Inbox: a PoisonQueue inside the inbox took this message: rolled back and acked; put PoisonQueue outside the inbox", ErrMiswired, watermill.LogFields{
 			"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": s.Msg.UUID, "reason_poisoned": reason,
 		})
-		return errRollBackAndAck
+		return errAck
 	}
 	return nil
 }

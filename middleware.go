@@ -167,16 +167,7 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("inbox: invalid config: %w", err)
 	}
-	e := &engine{
-		config:    config,
-		store:     config.Store,
-		observers: flatten(config.Observer),
-		lease:     newLeaseGuard(config.Store),
-	}
-	if checker, ok := config.Store.(inboxdriver.EventIDChecker); ok {
-		e.checkID = checker.CheckEventID
-	}
-	return e.middleware, nil
+	return newEngine(config).middleware, nil
 }
 
 // validateName checks a consumer or service name: printable UTF-8, at most
