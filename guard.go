@@ -52,14 +52,14 @@ type guardDeps struct {
 }
 
 // guards builds the middleware's guards, in the order they run at each
-// point.
+// point. The lease is last: it carries the warnings the others gave.
 func guards(d guardDeps) []guard {
 	return []guard{
 		newWiringGuard(d),
-		newLeaseGuard(d),
 		newStaleGuard(d),
 		newPublisherGuard(d),
 		newTxUseGuard(d),
+		newLeaseGuard(d),
 	}
 }
 

@@ -37,7 +37,7 @@ import (
 // between messages, so nothing outlives the router.
 const (
 	leaseTTL   = inboxdriver.LeaseTTL
-	leaseRenew = 20 * time.Second
+	leaseRenew = inboxdriver.LeaseRenewal
 	// leaseRetry is how soon a renewal that failed because the database
 	// was unreachable is tried again; leaseRecheck, one that failed
 	// otherwise (the lease table missing, no privilege on it), which only

@@ -68,6 +68,12 @@ type ConsumerRegistry interface {
 // last renewal: a process that stopped claiming is forgotten after it.
 const LeaseTTL = time.Minute
 
+// LeaseRenewal is how often the middleware renews a lease while its
+// process claims: a lease renewed within it (and a little more) belongs to
+// a process claiming now, and one renewed at least once after its first
+// renewal to a process that lasts, not a short test run.
+const LeaseRenewal = 20 * time.Second
+
 // Heartbeat is one renewal of a process's lease on a consumer.
 type Heartbeat struct {
 	Consumer, Service, Instance string

@@ -2,7 +2,13 @@ package sqlinbox
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
+	"net"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
@@ -24,7 +30,8 @@ type leaseQueries struct {
 	// create makes the table; [Store.CreateSchema] and [Store.SchemaSQL]
 	// end with it.
 	create string
-	// renew upserts (consumer, service, instance, warnings) as seen now;
+	// renew upserts (consumer, service, instance, warnings) as seen now,
+	// since now for a new row;
 	// others lists the services other than $2 with a lease on consumer $1
 	// seen within $3 seconds; expire removes consumer $1's leases not seen
 	// for a day.
@@ -44,14 +51,15 @@ func (postgresql) leases(t tableName) leaseQueries {
 	service  text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
 	instance text        NOT NULL CHECK (octet_length(instance) BETWEEN 1 AND 255),
 	seen_at  timestamptz NOT NULL DEFAULT now(),
+	since    timestamptz NOT NULL DEFAULT now(),
 	warnings text        NOT NULL DEFAULT '',
 	PRIMARY KEY (consumer, service, instance)
 )`, table),
-		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, warnings) VALUES ($1, $2, $3, now(), $4)
+		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, since, warnings) VALUES ($1, $2, $3, now(), now(), $4)
 ON CONFLICT (consumer, service, instance) DO UPDATE SET seen_at = excluded.seen_at, warnings = excluded.warnings`, table),
 		others: fmt.Sprintf(`SELECT DISTINCT service FROM %s WHERE consumer = $1 AND service <> $2 AND seen_at > now() - $3 * interval '1 second' ORDER BY service`, table),
 		expire: fmt.Sprintf(`DELETE FROM %s WHERE consumer = $1 AND seen_at < now() - interval '1 day'`, table),
-		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, extract(epoch FROM now() - seen_at)::float8 FROM %s ORDER BY consumer, service, instance`, table),
+		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, extract(epoch FROM now() - seen_at)::float8, extract(epoch FROM seen_at - since)::float8 FROM %s ORDER BY consumer, service, instance`, table),
 		drop:   `DROP TABLE IF EXISTS ` + table,
 	}
 }
@@ -65,14 +73,15 @@ func (mysqlDialect) leases(t tableName) leaseQueries {
 			"\tservice  VARBINARY(255) NOT NULL,\n"+
 			"\tinstance VARBINARY(255) NOT NULL,\n"+
 			"\tseen_at  DATETIME(6)    NOT NULL,\n"+
+			"\tsince    DATETIME(6)    NOT NULL,\n"+
 			"\twarnings VARBINARY(255) NOT NULL DEFAULT '',\n"+
 			"\tPRIMARY KEY (consumer, service, instance)\n"+
 			") ENGINE=InnoDB", table),
-		renew: fmt.Sprintf("INSERT INTO %s (consumer, service, instance, seen_at, warnings) VALUES (?, ?, ?, UTC_TIMESTAMP(6), ?)\n"+
+		renew: fmt.Sprintf("INSERT INTO %s (consumer, service, instance, seen_at, since, warnings) VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?)\n"+
 			"ON DUPLICATE KEY UPDATE seen_at = VALUES(seen_at), warnings = VALUES(warnings)", table),
 		others: fmt.Sprintf("SELECT DISTINCT service FROM %s WHERE consumer = ? AND service <> ? AND seen_at > UTC_TIMESTAMP(6) - INTERVAL ? SECOND ORDER BY service", table),
 		expire: fmt.Sprintf("DELETE FROM %s WHERE consumer = ? AND seen_at < UTC_TIMESTAMP(6) - INTERVAL 1 DAY", table),
-		list:   fmt.Sprintf("SELECT consumer, service, instance, warnings, TIMESTAMPDIFF(MICROSECOND, seen_at, UTC_TIMESTAMP(6)) / 1000000.0 FROM %s ORDER BY consumer, service, instance", table),
+		list:   fmt.Sprintf("SELECT consumer, service, instance, warnings, TIMESTAMPDIFF(MICROSECOND, seen_at, UTC_TIMESTAMP(6)) / 1000000.0, TIMESTAMPDIFF(MICROSECOND, since, seen_at) / 1000000.0 FROM %s ORDER BY consumer, service, instance", table),
 		drop:   "DROP TABLE IF EXISTS " + table,
 	}
 }
@@ -86,14 +95,15 @@ func (sqlite) leases(t tableName) leaseQueries {
 	service  TEXT NOT NULL CHECK (length(CAST(service AS BLOB)) BETWEEN 1 AND 255),
 	instance TEXT NOT NULL CHECK (length(CAST(instance AS BLOB)) BETWEEN 1 AND 255),
 	seen_at  TEXT NOT NULL,
+	since    TEXT NOT NULL,
 	warnings TEXT NOT NULL DEFAULT '',
 	PRIMARY KEY (consumer, service, instance)
 ) WITHOUT ROWID`, table),
-		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, warnings) VALUES (?, ?, ?, %s, ?)
-ON CONFLICT (consumer, service, instance) DO UPDATE SET seen_at = excluded.seen_at, warnings = excluded.warnings`, table, now),
+		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, since, warnings) VALUES (?, ?, ?, %s, %s, ?)
+ON CONFLICT (consumer, service, instance) DO UPDATE SET seen_at = excluded.seen_at, warnings = excluded.warnings`, table, now, now),
 		others: fmt.Sprintf(`SELECT DISTINCT service FROM %s WHERE consumer = ? AND service <> ? AND julianday(seen_at) > julianday('now') - ? / 86400.0 ORDER BY service`, table),
 		expire: fmt.Sprintf(`DELETE FROM %s WHERE consumer = ? AND julianday(seen_at) < julianday('now') - 1`, table),
-		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, (julianday('now') - julianday(seen_at)) * 86400.0 FROM %s ORDER BY consumer, service, instance`, table),
+		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, (julianday('now') - julianday(seen_at)) * 86400.0, (julianday(seen_at) - julianday(since)) * 86400.0 FROM %s ORDER BY consumer, service, instance`, table),
 		drop:   `DROP TABLE IF EXISTS ` + table,
 	}
 }
@@ -107,8 +117,16 @@ func (s *Store) LeaseTable() string { return s.table.derived(leaseSuffix).String
 // Heartbeat implements [inboxdriver.ConsumerRegistry]: it renews h's lease
 // and lists the other services with a live lease on h.Consumer. Statements
 // outside any transaction, so that the list sees the leases of services
-// that renewed concurrently.
+// that renewed concurrently. It waits for its connection at the pool's
+// gate, as a claim does: on a pool of one, behind the claim holding the
+// only connection rather than in the pool's queue, where it would be taken
+// for a handler waiting for itself (pool_of_one.go).
 func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
+	ticket, err := s.gate.Enter(ctx, s.poolSize)
+	if err != nil {
+		return nil, fmt.Errorf("sqlinbox: waiting for a connection the claims leave free: %w", err)
+	}
+	defer ticket.Leave()
 	q := s.q.leases
 	if h.First {
 		if _, err := s.db.ExecContext(ctx, q.expire, h.Consumer); err != nil {
@@ -137,20 +155,58 @@ func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]strin
 	return others, nil
 }
 
-// leaseErr names the lease table and what to run when it is missing.
+// leaseErr says what kept a lease from being renewed: the database out of
+// reach (the middleware tries again soon), the lease table missing or out
+// of the role's privileges (which only a migration or a grant mends).
 func (s *Store) leaseErr(err error) error {
-	return fmt.Errorf("sqlinbox: renewing a lease in %s (Store.CreateSchema creates it): %w", s.LeaseTable(), s.dialectErr(s.dialect.classify(err)))
+	table := s.LeaseTable()
+	switch {
+	case missingTable(err):
+		return fmt.Errorf("sqlinbox: the lease table %s does not exist: run Store.CreateSchema as a role that may create it, or apply Store.SchemaSQL: %w", table, err)
+	case s.readOnly(err):
+		return fmt.Errorf("sqlinbox: the role may not write the lease table %s: grant it SELECT, INSERT, UPDATE, DELETE there: %w", table, err)
+	case s.unreachable(err):
+		return fmt.Errorf("sqlinbox: the database is unreachable, so the lease in %s was not renewed: %w", table, err)
+	}
+	return fmt.Errorf("sqlinbox: renewing a lease in %s: %w", table, s.dialectErr(s.dialect.classify(err)))
+}
+
+// missingTable reports whether err says a table does not exist.
+func missingTable(err error) bool {
+	if pgCode(err) == "42P01" { // undefined_table
+		return true
+	}
+	if number, ok := mysqlErrorNumber(err); ok {
+		return number == mysqlNoSuchTable
+	}
+	// SQLite has one code (SQLITE_ERROR) for every statement it refuses.
+	return err != nil && strings.Contains(err.Error(), "no such table")
+}
+
+// readOnly reports whether err is the database refusing the role a write.
+func (s *Store) readOnly(err error) bool {
+	md, ok := s.dialect.(maintenanceDialect)
+	return ok && md.readOnly(err)
+}
+
+// unreachable reports whether err is the database or the way to it gone.
+func (s *Store) unreachable(err error) bool {
+	var ne net.Error
+	return s.IsUnavailable(err) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ne)
 }
 
 // Leases implements [maintenance.Store]. A table made before the lease
-// table has none: no lease, not an error, so that inbox check reports the
-// missing table through its columns check instead of failing here.
+// table has none: an error wrapping [maintenance.ErrNoLeaseTable], with the
+// statement that creates it.
 func (m maintainer) Leases(ctx context.Context) ([]maintenance.Lease, error) {
 	s := m.s
 	rows, err := s.db.QueryContext(ctx, s.q.leases.list)
 	if err != nil {
-		if exists, cerr := m.leaseTableExists(ctx); cerr == nil && !exists {
-			return nil, nil
+		// A role not granted the table may not see it in the catalog
+		// either: it is not missing.
+		if exists, cerr := m.leaseTableExists(ctx); !s.readOnly(err) && cerr == nil && !exists {
+			return nil, fmt.Errorf("%w: %s, so the shared consumer check is off; create it as the schema's owner:\n%s;", maintenance.ErrNoLeaseTable, s.LeaseTable(), s.q.leases.create)
 		}
 		return nil, m.fail("reading the leases", err)
 	}
@@ -158,11 +214,12 @@ func (m maintainer) Leases(ctx context.Context) ([]maintenance.Lease, error) {
 	var leases []maintenance.Lease
 	for rows.Next() {
 		var l maintenance.Lease
-		var age float64
-		if err := rows.Scan(&l.Consumer, &l.Service, &l.Instance, &l.Warnings, &age); err != nil {
+		var age, claiming float64
+		if err := rows.Scan(&l.Consumer, &l.Service, &l.Instance, &l.Warnings, &age, &claiming); err != nil {
 			return nil, m.fail("reading the leases", err)
 		}
 		l.Age = time.Duration(age * float64(time.Second))
+		l.Claiming = time.Duration(claiming * float64(time.Second))
 		leases = append(leases, l)
 	}
 	if err := rows.Err(); err != nil {

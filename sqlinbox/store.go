@@ -158,8 +158,9 @@ type Store struct {
 	unprepared atomic.Bool
 	// consumerArg is the claim's first argument, converted once.
 	consumerArg maintenance.ConsumerArg
-	// gate leaves one connection of db free of claims (package poolgate).
-	gate poolgate.Gate
+	// gate leaves one connection of db free of claims (package poolgate),
+	// shared by every store on db.
+	gate *poolgate.Gate
 	// poolWarned: a pool of one has been warned about (pool_of_one.go).
 	poolWarned atomic.Bool
 }
@@ -229,6 +230,7 @@ func New(db *sql.DB, config Config) (*Store, error) {
 		table:   t,
 		config:  config,
 		q:       q,
+		gate:    poolgate.For(db),
 	}
 	s.unprepared.Store(config.TransactionPooling)
 	return s, nil
