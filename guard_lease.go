@@ -1,7 +1,6 @@
 package inbox
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -42,10 +41,8 @@ const (
 	// was unreachable is tried again; leaseRecheck, one that failed
 	// otherwise (the lease table missing, no privilege on it), which only
 	// a migration or a grant mends.
-	leaseRetry   = leaseRenew
+	leaseRetry   = 5 * time.Second
 	leaseRecheck = time.Hour
-	// leaseTimeout bounds a renewal, which the message waits for.
-	leaseTimeout = 5 * time.Second
 )
 
 // leaseCheck names the lease's check in logs and warnings.
@@ -160,12 +157,10 @@ func (g *leaseGuard) wait(v *visit, l *lease) bool {
 // renew renews l with the consumer's warnings, and lets go of its renewal.
 func (g *leaseGuard) renew(v *visit, l *lease) {
 	defer l.renewing.Store(false)
-	// The message's values (a trace) but not its deadline alone: a
-	// renewal is short, and bounded here.
-	ctx, cancel := context.WithTimeout(v.msg.Context(), leaseTimeout)
-	defer cancel()
+	// In the message's context: a renewal waits for a connection as its
+	// claim would, and the store bounds its statements.
 	warnings, version := g.report.warnings(v.consumer)
-	others, err := g.registry.Heartbeat(ctx, inboxdriver.Heartbeat{
+	others, err := g.registry.Heartbeat(v.msg.Context(), inboxdriver.Heartbeat{
 		Consumer: v.consumer, Service: g.service, Instance: g.instance,
 		Warnings: warnings, Lease: leaseTTL, First: !l.renewed,
 	})

@@ -15,6 +15,10 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
+// heartbeatTimeout bounds a heartbeat's statements, once it has its
+// connection: the message that renews the lease waits for them.
+const heartbeatTimeout = 5 * time.Second
+
 // leaseSuffix names the lease table beside the inbox table:
 // "watermill_inbox_leases".
 const leaseSuffix = "leases"
@@ -127,6 +131,8 @@ func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]strin
 		return nil, fmt.Errorf("sqlinbox: waiting for a connection the claims leave free: %w", err)
 	}
 	defer ticket.Leave()
+	ctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
+	defer cancel()
 	q := s.q.leases
 	if h.First {
 		if _, err := s.db.ExecContext(ctx, q.expire, h.Consumer); err != nil {
