@@ -68,3 +68,10 @@ func warnings(lines []watermill.CapturedMessage) []watermill.CapturedMessage {
 	}
 	return out
 }
+
+// Infos returns a copy of the lines logged at info level so far.
+func (l *Logger) Infos() []watermill.CapturedMessage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]watermill.CapturedMessage(nil), l.captured.Captured()[watermill.InfoLogLevel]...)
+}
