@@ -231,3 +231,19 @@ func TestCheckSharedConsumer(t *testing.T) {
 		require.Contains(t, out, `WARN  consumer "handle_orders": tx_unused (service example.com/billing, process `)
 	})
 }
+
+// A table from a release before the lease table, or whose lease table the
+// role could not create: the middleware runs without the shared consumer
+// check, and the check fails, naming the table and the statement that
+// creates it.
+func TestCheckNoLeaseTable(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		f := setup(t, tg)
+		_, err := f.db.Exec("DROP TABLE " + f.store.LeaseTable())
+		require.NoError(t, err)
+		code, out, errOut := f.run(t, "check")
+		require.Equal(t, exitFailed, code, out+errOut)
+		require.Contains(t, out, "FAIL  consumers: the lease table does not exist: "+f.store.LeaseTable()+", so the shared consumer check is off")
+		require.Contains(t, out, "CREATE TABLE IF NOT EXISTS ")
+	})
+}
