@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,6 +93,24 @@ func Open(t testing.TB, driverName, dsn string) *sql.DB {
 // stdlib ("pgx").
 func Postgres(t testing.TB, driverName string) *sql.DB {
 	return Open(t, driverName, PostgresDSN())
+}
+
+// PostgresIfServed is [Postgres] for a package whose other tests need no
+// server (the root package's): where no PostgreSQL answers, it skips the
+// test, except under CI (CI set), where test.sh starts one and a skip
+// would hide a failure.
+func PostgresIfServed(t testing.TB, driverName string) *sql.DB {
+	t.Helper()
+	if os.Getenv("CI") == "" {
+		u, err := url.Parse(PostgresDSN())
+		require.NoError(t, err)
+		c, err := net.DialTimeout("tcp", u.Host, time.Second)
+		if err != nil {
+			t.Skipf("no PostgreSQL answers at %s (./test.sh starts one): %v", u.Host, err)
+		}
+		_ = c.Close()
+	}
+	return Postgres(t, driverName)
 }
 
 // Name returns a fresh lowercase identifier starting with prefix, unique
