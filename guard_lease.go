@@ -115,7 +115,12 @@ func (g *leaseGuard) beforeClaim(v *visit) error {
 // changed, so that the inbox check command sees a warning as soon as it is
 // logged.
 func (g *leaseGuard) afterCommit(v *visit) {
-	l, _ := g.lease(v.consumer)
+	g.mu.Lock()
+	l := g.leases[v.consumer] // made before the claim
+	g.mu.Unlock()
+	if l == nil {
+		return
+	}
 	if _, version := g.report.warnings(v.consumer); int64(version) != l.sent.Load() && l.renewing.CompareAndSwap(false, true) {
 		g.renew(v, l)
 	}
