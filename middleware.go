@@ -98,9 +98,11 @@ type Config struct {
 	StaleEvents StalePolicy
 
 	// Logger receives a debug line per duplicate, failed after-commit
-	// hooks, and the warnings about wiring only visible at run time, each
-	// logged once per consumer at error level. Pass the router's logger.
-	// Defaults to [watermill.NopLogger].
+	// hooks at error level, and the warnings about wiring only visible at
+	// run time, each once per consumer at info level as "Inbox: warning:
+	// ...": Watermill's loggers have no warning level, and a suspicion is
+	// not an error. Pass the router's logger. Defaults to
+	// [watermill.NopLogger].
 	Logger watermill.LoggerAdapter
 }
 

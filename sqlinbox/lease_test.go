@@ -341,7 +341,8 @@ SELECT 'old', 'old-' || i, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-30 days') FRO
 	slices.Sort(durations)
 	t.Logf("a 60,000-row purge round took %s; %d claims during it waited median %s, p90 %s, max %s",
 		took.Round(time.Millisecond), len(durations), durations[len(durations)/2], durations[len(durations)*9/10], durations[len(durations)-1])
-	require.Less(t, durations[len(durations)-1], time.Second, "a claim waits for a batch, not for the round")
+	// Before, a claim waited for nearly the whole round (5.1 s of 5.3).
+	require.Less(t, durations[len(durations)-1], took/4, "a claim waits for a batch, not for the round")
 }
 
 // Two stores (two tables) on one pool of three connections, their handlers
