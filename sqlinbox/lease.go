@@ -2,14 +2,7 @@ package sqlinbox
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
-	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
@@ -160,47 +153,6 @@ func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]strin
 		return nil, s.leaseErr(err)
 	}
 	return others, nil
-}
-
-// leaseErr says what kept a lease from being renewed: the database out of
-// reach (the middleware tries again soon), the lease table missing or out
-// of the role's privileges (which only a migration or a grant mends).
-func (s *Store) leaseErr(err error) error {
-	table := s.LeaseTable()
-	switch {
-	case missingTable(err):
-		return fmt.Errorf("sqlinbox: the lease table %s does not exist: run Store.CreateSchema as a role that may create it, or apply Store.SchemaSQL: %w", table, err)
-	case s.readOnly(err):
-		return fmt.Errorf("sqlinbox: the role may not write the lease table %s: grant it SELECT, INSERT, UPDATE, DELETE there: %w", table, err)
-	case s.unreachable(err):
-		return fmt.Errorf("sqlinbox: the database is unreachable, so the lease in %s was not renewed: %w", table, err)
-	}
-	return fmt.Errorf("sqlinbox: renewing a lease in %s: %w", table, s.dialectErr(s.dialect.classify(err)))
-}
-
-// missingTable reports whether err says a table does not exist.
-func missingTable(err error) bool {
-	if pgCode(err) == "42P01" { // undefined_table
-		return true
-	}
-	if number, ok := mysqlErrorNumber(err); ok {
-		return number == mysqlNoSuchTable
-	}
-	// SQLite has one code (SQLITE_ERROR) for every statement it refuses.
-	return err != nil && strings.Contains(err.Error(), "no such table")
-}
-
-// readOnly reports whether err is the database refusing the role a write.
-func (s *Store) readOnly(err error) bool {
-	md, ok := s.dialect.(maintenanceDialect)
-	return ok && md.readOnly(err)
-}
-
-// unreachable reports whether err is the database or the way to it gone.
-func (s *Store) unreachable(err error) bool {
-	var ne net.Error
-	return s.IsUnavailable(err) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ne)
 }
 
 // Leases implements [maintenance.Store]. A table made before the lease
