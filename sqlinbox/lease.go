@@ -118,7 +118,7 @@ func (s *Store) LeaseTable() string { return s.table.derived(leaseSuffix).String
 // that renewed concurrently. It waits for its connection at the pool's
 // gate, as a claim does: on a pool of one, behind the claim holding the
 // only connection rather than in the pool's queue, where it would be taken
-// for a handler waiting for itself (pool_of_one.go).
+// for a handler waiting for itself ([Store.watchPoolOfOne]).
 func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
 	ticket, err := s.gate.Enter(ctx, s.poolSize)
 	if err != nil {

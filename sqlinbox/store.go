@@ -159,7 +159,7 @@ type Store struct {
 	// gate leaves one connection of db free of claims (package poolgate),
 	// shared by every store on db.
 	gate *poolgate.Gate
-	// poolWarned: a pool of one has been warned about (pool_of_one.go).
+	// poolWarned: a pool of one has been warned about ([Store.watchPoolOfOne]).
 	poolWarned atomic.Bool
 }
 
