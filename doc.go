@@ -45,7 +45,9 @@
 //
 // [IsPermanent] and [IsTransient] sort the middleware's errors for a poison
 // queue and a retry: a message without a usable event id goes to the poison
-// queue at once, one that met a database restarting keeps being retried.
+// queue at once, one that met a database restarting is waited out in place
+// by [NewBackoff]. A handler's own error is transient only on evidence (the
+// claim's connection gone) or when it says so with [Transient].
 //
 // Effects outside the database cannot join the transaction: write follow-up
 // events to an outbox in the same transaction ([Config.ProducedPublisher],

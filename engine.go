@@ -55,7 +55,7 @@ func newEngine(config Config) *engine {
 // middleware wraps h.
 func (e *engine) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		return e.observe(h, msg)
+		return e.traced(h, msg)
 	}
 }
 
@@ -116,16 +116,16 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *observ
 	ob.Outcome = observe.RolledBack
 	v.poisoned = msg.Metadata.Get(poisonReasonKey)
 	if v.produced, err = h(msg); err != nil {
-		return nil, e.failed(err, "the handler", ob)
+		return nil, e.failed(ctx, tx, err, "the handler", ob)
 	}
 	if err := e.afterHandler(v); err != nil {
 		if err == errAck {
 			return nil, nil
 		}
-		return nil, e.failed(err, "the produced publisher", ob)
+		return nil, e.failed(ctx, tx, err, "the produced publisher", ob)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, e.failed(fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", errtext.Quote(eventID), consumer, err), "", ob)
+		return nil, e.failed(ctx, tx, fmt.Errorf("inbox: committing event %s for consumer %q (the redelivery will tell whether it was committed): %w", errtext.Quote(eventID), consumer, err), "", ob)
 	}
 	committed = true
 	ob.Outcome = observe.Processed
@@ -184,7 +184,7 @@ func (e *engine) claimOf(msg *message.Message, consumer, eventID string) (inboxd
 	if e.config.ShardKey != nil {
 		key, err := e.config.ShardKey(msg)
 		if err != nil {
-			return c, fmt.Errorf("%w: no shard key for event %s: %w", ErrInvalidEventID, errtext.Quote(eventID), err)
+			return c, fmt.Errorf("%w: none for event %s: %w", ErrInvalidShardKey, errtext.Quote(eventID), err)
 		}
 		c.ShardKey = key
 	}
@@ -202,7 +202,7 @@ func (e *engine) claim(ctx context.Context, c inboxdriver.Claim, ob *observe.Obs
 			ob.Outcome = observe.InFlight
 		}
 		if !IsPermanent(err) {
-			err = transient(err)
+			err = Transient(err)
 		}
 		return nil, nil, fmt.Errorf("inbox: claiming event %s for consumer %q: %w", errtext.Quote(c.EventID), c.Consumer, err)
 	}
@@ -240,22 +240,19 @@ func (e *engine) handlerContext(ctx context.Context, s *session.Session) (contex
 }
 
 // failed is the message's result when what (the handler, the produced
-// publisher; "" for the commit) failed with err: a conflict or an outage
-// the store recognises is transient, and a conflict after the claim is the
-// claim's race.
-func (e *engine) failed(err error, what string, ob *observe.Observation) error {
+// publisher on tx; "" for the commit) failed with err: a conflict the store
+// recognises is the claim's race, a failed commit and an outage proven by
+// [engine.outage] are transient, anything else is the handler's own error.
+func (e *engine) failed(ctx context.Context, tx inboxdriver.Tx, err error, what string, ob *observe.Observation) error {
 	if d, ok := e.store.(inboxdriver.ConflictDetector); ok && d.IsConflict(err) {
 		ob.Outcome = observe.InFlight
 		return fmt.Errorf("%w: %s lost a race the database reported as a conflict (another copy of the event, or a deadlock); rolled back: %w", ErrInFlight, whatOr(what, "the commit"), err)
 	}
 	if what == "" {
 		ob.Outcome = observe.CommitFailed
-		return transient(err)
+		return Transient(err)
 	}
-	if d, ok := e.store.(inboxdriver.UnavailableDetector); unavailable(err) || ok && d.IsUnavailable(err) {
-		return transient(err)
-	}
-	return err
+	return e.outage(ctx, tx, err)
 }
 
 func whatOr(what, otherwise string) string {

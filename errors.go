@@ -2,12 +2,7 @@ package inbox
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"errors"
-	"io"
-	"net"
-	"syscall"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
 )
@@ -70,35 +65,77 @@ var (
 )
 
 // IsPermanent reports whether redelivering the message that failed with err
-// cannot help: its event id is missing or invalid, its id was reused, it is
-// stale under [StaleReject], or it was refused as miswired. Send it to the
-// poison queue at once (docs/wiring.md#retries-and-the-poison-queue).
+// cannot help: its event id or shard key is missing or invalid, its id was
+// reused, it is stale under [StaleReject], or it was refused as miswired.
+// Send it to the poison queue at once
+// (docs/wiring.md#retries-and-the-poison-queue).
 func IsPermanent(err error) bool {
-	for _, target := range permanent {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
+	_, ok := permanentKind(err)
+	return ok
 }
 
-var permanent = []error{ErrMissingEventID, ErrInvalidEventID, ErrNoConsumer, ErrEventIDReused, ErrStaleEvent, ErrMiswired, ErrSubscriberTx}
+// permanent are the permanent errors, each with the kind of refusal it is in
+// the log (trace.go).
+var permanent = []struct {
+	err  error
+	kind string
+}{
+	{ErrMissingEventID, "missing_id"}, {ErrInvalidEventID, "invalid_id"}, {ErrInvalidShardKey, "invalid_shard_key"},
+	{ErrNoConsumer, "no_consumer"}, {ErrEventIDReused, "id_reused"}, {ErrStaleEvent, "stale"},
+	{ErrMiswired, "miswired"}, {ErrSubscriberTx, "subscriber_tx"},
+}
+
+// permanentKind returns the kind of a permanent error; ok is false for any
+// other.
+func permanentKind(err error) (kind string, ok bool) {
+	for _, p := range permanent {
+		if errors.Is(err, p.err) {
+			return p.kind, true
+		}
+	}
+	return "", false
+}
 
 // IsTransient reports whether err means the message's transaction could not
-// finish for a reason that passes: the database or the connection to it was
-// down, the claim could not be made, the commit failed, another copy of the
-// event held or won the claim ([ErrInFlight]), or the message's context was
-// cancelled or timed out (the router closing; Watermill's Retry then returns
-// the context's error itself). Nothing was committed, or the redelivery finds
-// out: keep such a message retrying rather than poisoning it. An error
-// [IsPermanent] reports is never transient.
+// finish for a reason that passes, on evidence: the claim or the commit
+// failed, the database said it or the claim's connection was going away
+// (a handler's error then counts only when a probe of the claim's own
+// connection finds it gone, never by its Go type alone), another copy of
+// the event held or won the claim ([ErrInFlight], a conflict the database
+// reported), the message's context was cancelled (the router closing;
+// Watermill's Retry then returns the context's error itself), or a handler
+// marked its error with [Transient]. Nothing was committed, or the
+// redelivery finds out: keep such a message retrying rather than poisoning
+// it ([NewBackoff] waits it out). An error [IsPermanent] reports is never
+// transient.
 func IsTransient(err error) bool {
 	if err == nil || IsPermanent(err) {
 		return false
 	}
 	var t transientError
-	return errors.As(err, &t) || errors.Is(err, ErrInFlight) ||
-		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+	if errors.As(err, &t) || errors.Is(err, ErrInFlight) {
+		return true
+	}
+	// A handler's own error without evidence: a context error in it is
+	// the handler's own call timing out, not the router closing.
+	var h handlerError
+	if errors.As(err, &h) {
+		return false
+	}
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// Transient marks err, a handler's own error, as one that passes (a payment
+// API answering 503, a dependency restarting), so that [IsTransient]
+// reports it and the recommended stack retries the message until it
+// succeeds instead of poisoning it. Without the mark a handler's error is
+// retried a few times, then poisoned, unless the database itself was
+// unavailable. Transient(nil) is nil.
+func Transient(err error) error {
+	if err == nil {
+		return nil
+	}
+	return transientError{err}
 }
 
 // transientError marks an error [IsTransient] reports.
@@ -107,19 +144,13 @@ type transientError struct{ err error }
 func (e transientError) Error() string { return e.err.Error() }
 func (e transientError) Unwrap() error { return e.err }
 
-func transient(err error) error { return transientError{err} }
+// handlerError marks the error of a handler (or of the produced publisher)
+// for which the middleware found no evidence of an outage or a race:
+// [IsTransient] then looks no further than a [Transient] mark inside it.
+type handlerError struct{ err error }
 
-// unavailable reports errors that mean the connection or the database went
-// away, or the message's context ended (a router shutting down), whatever
-// the driver: the store adds its database's codes
-// (inboxdriver.UnavailableDetector).
-func unavailable(err error) bool {
-	var ne net.Error
-	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.As(err, &ne)
-}
+func (e handlerError) Error() string { return e.err.Error() }
+func (e handlerError) Unwrap() error { return e.err }
 
 // errPanicked is the Err of the observation of a handler that panicked; the
 // panic itself goes on unchanged.

@@ -40,6 +40,8 @@ func openErrorsDB(t *testing.T, name string) errorsDB {
 		e.db = testdb.PostgresIfServed(t, "postgres")
 	case "pgx-stdlib":
 		e.db = testdb.PostgresIfServed(t, "pgx")
+	case "mariadb":
+		e.db, e.dialect = testdb.MySQLIfServed(t), sqlinbox.MySQL
 	default:
 		t.Fatalf("unknown database %s", name)
 	}
@@ -69,7 +71,7 @@ func (e errorsDB) insertEffect(msg *message.Message) error {
 	}
 	id, _, _ := inbox.EventIDFromContext(msg.Context())
 	q := `INSERT INTO ` + e.effects + ` (event_id) VALUES ($1)`
-	if e.dialect == sqlinbox.SQLite {
+	if e.dialect != sqlinbox.PostgreSQL {
 		q = `INSERT INTO ` + e.effects + ` (event_id) VALUES (?)`
 	}
 	_, err := tx.ExecContext(msg.Context(), q, id)

@@ -17,26 +17,29 @@ import (
 )
 
 // The recommended middleware stack, outermost first: PoisonQueue, Retry,
-// Recoverer, then the inbox around the handler function.
+// Recoverer, Backoff, then the inbox around the handler function.
 //
-//   - PoisonQueue takes what is not transient: a database down or
-//     restarting, a lost connection or a failed commit is nacked instead, and
-//     the broker redelivers it until the database is back, however long
-//     that takes. Poisoned, a live message would wait for a replay by hand.
-//   - Retry retries in place with backoff, each attempt in a new
-//     transaction, except what is permanent (no or a malformed event id, an
-//     id reused, a refused wiring), which no attempt can fix: it goes to the
-//     poison queue at once.
+//   - PoisonQueue takes what is not transient. A transient error reaches
+//     it only when the router closes; nacked, the message is redelivered.
+//   - Retry retries the handler's own errors and panics a few times, each
+//     attempt in a new transaction, then lets them be poisoned; what is
+//     permanent (no or a malformed event id, an id reused, a refused
+//     wiring) goes to the poison queue at once.
 //   - Recoverer inside Retry turns a panic into an error that is retried,
 //     then poisoned. Outermost, it would catch the panic past Retry and
 //     PoisonQueue: the message would be nacked and redelivered forever (on
 //     gochannel, thousands of times a second).
+//   - Backoff waits out what is transient (the database down, a lost
+//     connection, an error the handler marked with inbox.Transient) in
+//     place, with a doubling wait and a line per 10 s at most, instead of
+//     a nack the broker redelivers at once.
 //   - The inbox innermost, by ConsumerHandler whatever the order of the
 //     calls: a failed attempt rolls back its claim with its writes.
 //
-// Here order-1 arrives twice and is invoiced once; order-2's payment call
-// times out five times, which outlasts Retry, and the redelivery invoices
-// it; order-3 hits a bug; the last message's event id holds a NUL byte.
+// Here order-1 arrives twice and is invoiced once; order-2's payment API
+// answers 503 three times, which the handler marks transient, and the
+// fourth call invoices it; order-3 hits a bug; the last message's event id
+// holds a NUL byte.
 func Example_retriesAndPoisonQueue() {
 	db, store, done := exampleStore()
 	defer done()
@@ -59,6 +62,10 @@ func Example_retriesAndPoisonQueue() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	backoff, err := inbox.NewBackoff(inbox.BackoffConfig{}, watermill.NopLogger{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	router.AddMiddleware(
 		poisonQueue,
 		middleware.Retry{
@@ -67,6 +74,7 @@ func Example_retriesAndPoisonQueue() {
 			ShouldRetry:     func(p middleware.RetryParams) bool { return !inbox.IsPermanent(p.Err) },
 		}.Middleware,
 		middleware.Recoverer,
+		backoff,
 	)
 
 	calls := map[string]int{}
@@ -74,8 +82,8 @@ func Example_retriesAndPoisonQueue() {
 		id, _, _ := inbox.EventIDFromContext(msg.Context())
 		calls[id]++
 		switch {
-		case id == "order-2" && calls[id] <= 5:
-			return fmt.Errorf("charging %s: %w", id, context.DeadlineExceeded)
+		case id == "order-2" && calls[id] <= 3:
+			return inbox.Transient(fmt.Errorf("charging %s: payment API answered 503", id))
 		case id == "order-3":
 			panic("assignment to entry in nil map")
 		}
@@ -122,7 +130,7 @@ func Example_retriesAndPoisonQueue() {
 	fmt.Println(strings.Join(reasons, "\n"))
 	// Output:
 	// invoices: 2
-	// handler calls: 1 6 4
+	// handler calls: 1 4 4
 	// poisoned "order-3": panic occurred: "assignment to entry in nil map"
 	// poisoned "order-4\x00": inbox: invalid event id: contains a NUL byte: "order-4\x00"
 }

@@ -3,6 +3,7 @@ package inbox
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -37,10 +38,9 @@ import (
 const (
 	leaseTTL   = inboxdriver.LeaseTTL
 	leaseRenew = inboxdriver.LeaseRenewal
-	// leaseRetry is how soon a renewal that failed because the database
-	// was unreachable is tried again; leaseRecheck, one that failed
-	// otherwise (the lease table missing, no privilege on it), which only
-	// a migration or a grant mends.
+	// leaseRetry is how soon a renewal that failed (the database out of
+	// reach) is tried again; leaseRecheck, one that failed with
+	// [inboxdriver.ErrNoLease], which only a migration or a grant mends.
 	leaseRetry   = 5 * time.Second
 	leaseRecheck = time.Hour
 )
@@ -56,9 +56,6 @@ type leaseGuard struct {
 	service  string
 	instance string
 	report   *reporter
-	// unavailable reports a renewal that failed because the database was
-	// unreachable, to be tried again soon.
-	unavailable func(error) bool
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -79,11 +76,7 @@ func newLeaseGuard(d guardDeps) guard {
 	if r == nil {
 		return guardDefaults{}
 	}
-	u, _ := d.store.(inboxdriver.UnavailableDetector)
-	return &leaseGuard{
-		registry: r, service: d.config.Service, instance: instanceName(), report: d.report,
-		unavailable: func(err error) bool { return unavailable(err) || u != nil && u.IsUnavailable(err) },
-	}
+	return &leaseGuard{registry: r, service: d.config.Service, instance: instanceName(), report: d.report}
 }
 
 // beforeClaim reads the consumer's leases before its first claim, renews
@@ -175,9 +168,9 @@ func (g *leaseGuard) renew(v *visit, l *lease) {
 			// is known, and nothing to say.
 			return
 		}
-		wait := leaseRecheck
-		if g.unavailable(err) {
-			wait = leaseRetry
+		wait := leaseRetry
+		if errors.Is(err, inboxdriver.ErrNoLease) {
+			wait = leaseRecheck
 		}
 		l.due.Store(time.Now().Add(wait).UnixNano())
 		g.report.unchecked(leaseCheck, v.consumer, err)

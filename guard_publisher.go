@@ -90,6 +90,10 @@ func (g *publisherGuard) publish(ctx context.Context, s *session.Session, produc
 	if other := foreignHandle(pub, s.Tx.Handle()); other != "" {
 		return fmt.Errorf("%w: the produced publisher writes through %s, not the inbox transaction; build it on the tx PublishInTx gives", ErrMiswired, other)
 	}
+	if skippingSchema(pub) {
+		g.report.warn(observe.SkippingRelay, s.Consumer, ob,
+			"the produced publisher writes with watermill-sql's DefaultMySQLSchema, whose relay skips rows committed out of order: use v4's MySQLQueueSchema (docs/outbox.md)", nil)
+	}
 	counter := g.counter
 	if counter == nil || !g.first(s.Consumer) {
 		return g.send(pub, topic, produced)
@@ -143,30 +147,62 @@ func (g *publisherGuard) first(consumer string) bool {
 // watermill-sql's own adapters wrap there; a publisher that embeds another
 // (a wrapper adding metrics or logs) is looked through.
 func foreignHandle(pub, tx any) string {
+	if v, ok := watermillSQLPublisher(pub); ok {
+		if db := v.FieldByName("db"); db.IsValid() {
+			return handleIn(db, reflect.ValueOf(tx), 4)
+		}
+	}
+	return ""
+}
+
+// skippingSchema reports whether pub is a watermill-sql publisher (v3, v4)
+// on DefaultMySQLSchema. That schema's relay, with its offsets adapter,
+// skips a row that commits below an offset it already acked; the queue
+// schema's relay reads the same rows without skipping any. v3 has no queue
+// schema, so a v3 publisher can be right (its rows read by v4's queue
+// relay): a warning, never a refusal.
+func skippingSchema(pub any) bool {
+	v, ok := watermillSQLPublisher(pub)
+	if !ok {
+		return false
+	}
+	adapter := v.FieldByName("config").FieldByName("SchemaAdapter")
+	if !adapter.IsValid() || adapter.Kind() != reflect.Interface || adapter.IsNil() {
+		return false
+	}
+	t := adapter.Elem().Type()
+	return isWatermillSQL(t) && t.Name() == "DefaultMySQLSchema"
+}
+
+// watermillSQLPublisher returns the watermill-sql Publisher struct that pub
+// is, or embeds (a wrapper adding metrics or logs is looked through), or
+// that Watermill's forwarder wraps.
+func watermillSQLPublisher(pub any) (reflect.Value, bool) {
 	v := reflect.ValueOf(pub)
 	for range 4 {
 		for v.Kind() == reflect.Interface || v.Kind() == reflect.Pointer {
 			if v.IsNil() {
-				return ""
+				return reflect.Value{}, false
 			}
 			v = v.Elem()
 		}
 		if v.Kind() != reflect.Struct {
-			return ""
+			return reflect.Value{}, false
 		}
 		if isWatermillSQL(v.Type()) && v.Type().Name() == "Publisher" {
-			if db := v.FieldByName("db"); db.IsValid() {
-				return handleIn(db, reflect.ValueOf(tx), 4)
-			}
-			return ""
+			return v, true
+		}
+		if v.Type().PkgPath() == "github.com/ThreeDotsLabs/watermill/components/forwarder" && v.Type().Name() == "Publisher" {
+			v = v.FieldByName("wrappedPublisher")
+			continue
 		}
 		embedded, ok := v.Type().FieldByName("Publisher")
 		if !ok || !embedded.Anonymous || embedded.Type != publisherType {
-			return ""
+			return reflect.Value{}, false
 		}
 		v = v.FieldByIndex(embedded.Index)
 	}
-	return ""
+	return reflect.Value{}, false
 }
 
 var publisherType = reflect.TypeFor[message.Publisher]()

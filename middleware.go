@@ -53,7 +53,9 @@ type Config struct {
 	// database, the same as the handler's own writes use (a customer id),
 	// so that claim and effect share one shard. It must give every copy of
 	// an event the same key. The store's table needs the column
-	// (docs/databases.md#vitess). Defaults to nil: no shard key.
+	// (docs/databases.md#vitess), or [NewMiddleware] refuses the config;
+	// an empty or too long key fails the message with [ErrInvalidShardKey].
+	// Defaults to nil: no shard key.
 	ShardKey func(msg *message.Message) (string, error)
 
 	// TxOptions are the claim transaction's options (isolation level,
@@ -98,8 +100,9 @@ type Config struct {
 	StaleEvents StalePolicy
 
 	// Logger receives a debug line per duplicate, failed after-commit
-	// hooks at error level, and the warnings about wiring only visible at
-	// run time, each once per consumer at info level as "Inbox: warning:
+	// hooks, and, once per kind and consumer, refused messages and failed
+	// handlers, at error level; and the warnings about wiring only visible
+	// at run time, once per consumer at info level as "Inbox: warning:
 	// ...": Watermill's loggers have no warning level, and a suspicion is
 	// not an error. Pass the router's logger. Defaults to
 	// [watermill.NopLogger].
@@ -138,6 +141,9 @@ func (c Config) validate() error {
 		if err := fs.CheckFingerprints(); err != nil {
 			return fmt.Errorf("Fingerprint: %w", err)
 		}
+	}
+	if err := checkShardKeys(c); err != nil {
+		return err
 	}
 	if c.OnIDReuse < IDReuseLog || c.OnIDReuse > IDReuseIgnore {
 		return fmt.Errorf("OnIDReuse: unknown policy %d", c.OnIDReuse)

@@ -595,6 +595,7 @@ if [ $# -eq 0 ]; then
 	step "example nats-jetstream" quiet in_module run ./_examples/nats-jetstream
 	# The complete loop on embedded Kafka; it fails unless every order has one invoice and one notification.
 	step "example outbox-kafka-inbox" quiet in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_POSTGRES_DSN"
+	step "example outbox-kafka-inbox on MariaDB" quiet in_module run ./_examples/outbox-kafka-inbox -dsn "$INBOX_TEST_MYSQL_DSN"
 	# Watermill's exactly-once-delivery-counter behind the inbox; it fails unless the counter equals the events.
 	step "example exactly-once-counter" quiet in_module run ./_examples/exactly-once-counter -dsn "$INBOX_TEST_POSTGRES_DSN"
 	# Invoice emails through a River job and a sweeper; it fails unless every order has one invoice and an email, and

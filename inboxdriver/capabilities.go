@@ -2,6 +2,7 @@ package inboxdriver
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -25,6 +26,24 @@ type EventIDChecker interface {
 // configured without the column).
 type FingerprintChecker interface {
 	CheckFingerprints() error
+}
+
+// ShardKeyChecker is implemented by stores that can keep a shard key with
+// each claim. The middleware refuses to start when keyed (a shard key
+// function is configured) does not match what CheckShardKeys accepts, and
+// with a shard key function on a store that lacks this interface.
+type ShardKeyChecker interface {
+	CheckShardKeys(keyed bool) error
+}
+
+// TxProber is implemented by stores that can tell whether a claim's
+// connection still answers. After a handler's error that carries no code of
+// the database's, the middleware reports the error as transient only when
+// ProbeTx returns an error: the connection did not answer a trivial
+// statement. An answer, even an error of the database's own (a transaction
+// aborted by the failed statement), is nil.
+type TxProber interface {
+	ProbeTx(ctx context.Context, tx Tx) error
 }
 
 // ConflictDetector is implemented by stores whose database can report the
@@ -63,6 +82,12 @@ type ConsumerRegistry interface {
 	// whose instances claimed for it within h.Lease.
 	Heartbeat(ctx context.Context, h Heartbeat) (others []string, err error)
 }
+
+// ErrNoLease is wrapped by a [ConsumerRegistry.Heartbeat] error that only a
+// migration or a grant mends (the lease table missing, or the role not
+// allowed to write it), so that the middleware tries again rarely rather
+// than at every renewal.
+var ErrNoLease = errors.New("no lease table the role may write")
 
 // LeaseTTL is how long the middleware's lease on a consumer lives after its
 // last renewal: a process that stopped claiming is forgotten after it.

@@ -19,6 +19,10 @@ const MaxEventIDLength = 255
 // not fit the store's column.
 var ErrInvalidEventID = errors.New("inbox: invalid event id")
 
+// ErrInvalidShardKey means a claim's shard key does not fit the store: empty
+// or too long for a table with a shard key column, set for one without.
+var ErrInvalidShardKey = errors.New("inbox: invalid shard key")
+
 // ValidateEventID reports whether id can be stored: non-empty, at most
 // [MaxEventIDLength] bytes, valid UTF-8, no NUL byte (PostgreSQL text
 // cannot hold one, and other databases would accept what PostgreSQL

@@ -63,6 +63,9 @@ const (
 	// the same table at the same time, so each event runs in only one of
 	// them. Set on every message while it lasts.
 	SharedConsumer Warning = "shared_consumer"
+	// SkippingRelay: the produced publisher writes with watermill-sql's
+	// DefaultMySQLSchema, whose relay skips rows that commit out of order.
+	SkippingRelay Warning = "skipping_relay"
 	// Unchecked: a check could not run (a table it cannot read, a
 	// permission, a pooler between its statements); the consumer goes
 	// unchecked for that check.

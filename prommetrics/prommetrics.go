@@ -106,7 +106,7 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 		warnings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace,
 			Name:      "warnings_total",
-			Help:      "Messages processed while the inbox suspected the consumer's wiring, by consumer and warning (tx_unused, wrong_accessor, publisher_outside_tx, shared_consumer, unchecked); each warning is logged once per process.",
+			Help:      "Messages processed while the inbox suspected the consumer's wiring, by consumer and warning (tx_unused, wrong_accessor, publisher_outside_tx, shared_consumer, skipping_relay, unchecked); each warning is logged once per process.",
 		}, []string{"consumer", "warning"}),
 		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace,

@@ -1,9 +1,10 @@
 package sqlinbox
 
 import (
-	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 // MaxShardKeyLength is the longest shard key, in bytes, a claim stores in
@@ -12,8 +13,9 @@ const MaxShardKeyLength = 255
 
 // ErrShardKey is wrapped by the error of a claim whose shard key does not
 // fit the store: empty or longer than [MaxShardKeyLength] when the table has
-// a [Config.ShardKeyColumn], set when it has none. Nothing is written.
-var ErrShardKey = errors.New("sqlinbox: invalid shard key")
+// a [Config.ShardKeyColumn], set when it has none. Nothing is written. It is
+// [inboxdriver.ErrInvalidShardKey], so the middleware reports it permanent.
+var ErrShardKey = inboxdriver.ErrInvalidShardKey
 
 // columnNames are the inbox table's own columns, which a shard key column
 // must not shadow.
@@ -33,6 +35,21 @@ func checkShardKeyColumn(c Config) error {
 	}
 	if slices.Contains(columnNames, col) {
 		return fmt.Errorf("ShardKeyColumn %q is a column the inbox table already has; name another", col)
+	}
+	return nil
+}
+
+// CheckShardKeys implements [inboxdriver.ShardKeyChecker]: claims carry a
+// shard key (keyed) exactly when the table has a [Config.ShardKeyColumn],
+// so that a middleware configured otherwise is refused at its start rather
+// than failing every claim.
+func (s *Store) CheckShardKeys(keyed bool) error {
+	col := s.config.ShardKeyColumn
+	switch {
+	case keyed && col == "":
+		return fmt.Errorf("%w: %s has no shard key column; set sqlinbox.Config.ShardKeyColumn, or no shard key", ErrShardKey, s.table)
+	case !keyed && col != "":
+		return fmt.Errorf("%w: %s stores a shard key in column %s; set inbox.Config.ShardKey", ErrShardKey, s.table, col)
 	}
 	return nil
 }

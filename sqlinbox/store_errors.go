@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
@@ -93,9 +94,9 @@ func (s *Store) leaseErr(err error) error {
 	table := s.LeaseTable()
 	switch {
 	case missingTable(err):
-		return fmt.Errorf("sqlinbox: the lease table %s does not exist: run Store.CreateSchema as a role that may create it, or apply Store.SchemaSQL: %w", table, err)
+		return fmt.Errorf("sqlinbox: the lease table %s does not exist: run Store.CreateSchema as a role that may create it, or apply Store.SchemaSQL: %w: %w", table, inboxdriver.ErrNoLease, err)
 	case s.readOnly(err):
-		return fmt.Errorf("sqlinbox: the role may not write the lease table %s: grant it SELECT, INSERT, UPDATE, DELETE there: %w", table, err)
+		return fmt.Errorf("sqlinbox: the role may not write the lease table %s: grant it SELECT, INSERT, UPDATE, DELETE there: %w: %w", table, inboxdriver.ErrNoLease, err)
 	case s.unreachable(err):
 		return fmt.Errorf("sqlinbox: the database is unreachable, so the lease in %s was not renewed: %w", table, err)
 	}

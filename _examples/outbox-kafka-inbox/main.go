@@ -13,7 +13,12 @@
 // notification.
 //
 //	go run ./_examples/outbox-kafka-inbox                      # embedded Kafka (kfake), local PostgreSQL
+//	go run ./_examples/outbox-kafka-inbox -dsn 'root@tcp(127.0.0.1:3306)/test'   # MySQL, MariaDB
 //	go run ./_examples/outbox-kafka-inbox -brokers localhost:9092 -dsn 'postgres://...'
+//
+// On MySQL and MariaDB the outboxes are watermill-sql's queue schema and its
+// relay reads one row per batch: the default MySQL schema's relay skips rows
+// that commit out of order (docs/outbox.md).
 package main
 
 import (
@@ -35,6 +40,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -46,7 +52,7 @@ var nop = watermill.NopLogger{}
 
 func main() {
 	brokers := flag.String("brokers", "", "Kafka brokers, comma-separated (default: an embedded broker)")
-	dsn := flag.String("dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL")
+	dsn := flag.String("dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "a PostgreSQL URL, or a MySQL DSN (user@tcp(host:port)/db)")
 	orders := flag.Int("orders", 20, "orders to place")
 	flag.Parse()
 	if err := run(*brokers, *dsn, *orders); err != nil {
@@ -67,7 +73,8 @@ func run(brokerList, dsn string, orders int) error {
 		defer cluster.Close()
 		addrs = cluster.ListenAddrs()
 	}
-	db, err := sql.Open("pgx", dsn)
+	d := databaseOf(dsn)
+	db, err := sql.Open(d.driver, dsn)
 	if err != nil {
 		return err
 	}
@@ -79,22 +86,22 @@ func run(brokerList, dsn string, orders int) error {
 	if err := createTopics(addrs, ordersTopic, invoicesTopic); err != nil {
 		return err
 	}
-	t := tables{db: db, run: run}
+	t := tables{db: db, d: d, run: run}
 	defer t.drop()
 	if err := t.create(ctx); err != nil {
 		return err
 	}
 
 	// Billing: the invoice and the invoice event commit with the inbox claim.
-	billing, err := newConsumer(db, t.name("inbox"), 7)
+	billing, err := newConsumer(db, d, t.name("inbox"), 7)
 	if err != nil {
 		return err
 	}
 	billingRouter, err := billing.router("billing", addrs, ordersTopic, invoicesTopic, "billing",
-		outboxPublisher(t.name("outbox_billing")),
+		outboxPublisher(d, t.name("outbox_billing")),
 		func(ctx context.Context, tx *sql.Tx, msg *message.Message) ([]*message.Message, error) {
 			orderID, _, _ := inbox.EventIDFromContext(ctx)
-			if _, err := tx.ExecContext(ctx, `INSERT INTO `+t.name("invoices")+` (order_event_id) VALUES ($1)`, orderID); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+t.name("invoices")+` (order_event_id) VALUES (`+d.arg+`)`, orderID); err != nil {
 				return nil, err
 			}
 			// A new event, with its own id; the order's id travels under
@@ -107,23 +114,23 @@ func run(brokerList, dsn string, orders int) error {
 	if err != nil {
 		return err
 	}
-	notifier, err := newConsumer(db, t.name("inbox"), 6)
+	notifier, err := newConsumer(db, d, t.name("inbox"), 6)
 	if err != nil {
 		return err
 	}
 	notifierRouter, err := notifier.router("notifier", addrs, invoicesTopic, "", "notifier", nil,
 		func(ctx context.Context, tx *sql.Tx, msg *message.Message) ([]*message.Message, error) {
-			_, err := tx.ExecContext(ctx, `INSERT INTO `+t.name("notifications")+` (order_event_id) VALUES ($1)`, msg.Metadata.Get("order_event_id"))
+			_, err := tx.ExecContext(ctx, `INSERT INTO `+t.name("notifications")+` (order_event_id) VALUES (`+d.arg+`)`, msg.Metadata.Get("order_event_id"))
 			return nil, err
 		})
 	if err != nil {
 		return err
 	}
-	relayOrders, err := newRelay(db, t.name("outbox_orders"), addrs, 5)
+	relayOrders, err := newRelay(db, d, t.name("outbox_orders"), addrs, 5)
 	if err != nil {
 		return err
 	}
-	relayInvoices, err := newRelay(db, t.name("outbox_billing"), addrs, 6)
+	relayInvoices, err := newRelay(db, d, t.name("outbox_billing"), addrs, 6)
 	if err != nil {
 		return err
 	}
@@ -137,11 +144,11 @@ func run(brokerList, dsn string, orders int) error {
 			return err
 		}
 		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"order":%d}`, i))
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+t.name("orders")+` (event_id) VALUES ($1)`, msg.UUID); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+t.name("orders")+` (event_id) VALUES (`+d.arg+`)`, msg.UUID); err != nil {
 			_ = tx.Rollback()
 			return err
 		}
-		pub, err := outboxPublisherIn(tx, t.name("outbox_orders"))
+		pub, err := outboxPublisherIn(tx, d, t.name("outbox_orders"))
 		if err == nil {
 			err = pub.Publish(ordersTopic, msg)
 		}
@@ -170,12 +177,12 @@ func run(brokerList, dsn string, orders int) error {
 
 	// An operator replays the orders from the oldest offset with a new
 	// consumer group; the handler name, hence the inbox consumer, is the same.
-	replay, err := newConsumer(db, t.name("inbox"), 0)
+	replay, err := newConsumer(db, d, t.name("inbox"), 0)
 	if err != nil {
 		return err
 	}
 	replayRouter, err := replay.router("billing", addrs, ordersTopic, invoicesTopic, "billing-replay",
-		outboxPublisher(t.name("outbox_billing")),
+		outboxPublisher(d, t.name("outbox_billing")),
 		func(ctx context.Context, tx *sql.Tx, msg *message.Message) ([]*message.Message, error) {
 			return nil, errors.New("a replayed order reached the handler")
 		})
@@ -197,15 +204,15 @@ func run(brokerList, dsn string, orders int) error {
 // envelope records the destination topic; the relay unwraps it and keeps
 // the message UUID. AutoInitializeSchema stays false: watermill-sql refuses
 // it in a transaction.
-func outboxPublisher(outboxTopic string) func(tx *sql.Tx) (message.Publisher, error) {
+func outboxPublisher(d database, outboxTopic string) func(tx *sql.Tx) (message.Publisher, error) {
 	return func(tx *sql.Tx) (message.Publisher, error) {
-		return outboxPublisherIn(tx, outboxTopic)
+		return outboxPublisherIn(tx, d, outboxTopic)
 	}
 }
 
 // outboxPublisherIn writes to the outbox in tx.
-func outboxPublisherIn(tx *sql.Tx, outboxTopic string) (message.Publisher, error) {
-	pub, err := wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, nop)
+func outboxPublisherIn(tx *sql.Tx, d database, outboxTopic string) (message.Publisher, error) {
+	pub, err := wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: d.relay.SchemaAdapter}, nop)
 	if err != nil {
 		return nil, err
 	}
@@ -220,8 +227,8 @@ type consumer struct {
 	crashes          atomic.Int64
 }
 
-func newConsumer(db *sql.DB, inboxTable string, crashEvery int64) (*consumer, error) {
-	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: inboxTable})
+func newConsumer(db *sql.DB, d database, inboxTable string, crashEvery int64) (*consumer, error) {
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: d.dialect, Table: inboxTable})
 	return &consumer{store: store, crashEvery: crashEvery}, err
 }
 
@@ -312,14 +319,10 @@ type relay struct {
 	republished              atomic.Int64
 }
 
-func newRelay(db *sql.DB, outboxTopic string, addrs []string, crashEvery int64) (*relay, error) {
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
-		ConsumerGroup:  "relay",
-		PollInterval:   20 * time.Millisecond,
-		ResendInterval: 20 * time.Millisecond,
-		SchemaAdapter:  wsql.DefaultPostgreSQLSchema{},
-		OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
-	}, nop)
+func newRelay(db *sql.DB, d database, outboxTopic string, addrs []string, crashEvery int64) (*relay, error) {
+	config := d.relay
+	config.PollInterval, config.ResendInterval = 20*time.Millisecond, 20*time.Millisecond
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), config, nop)
 	if err != nil {
 		return nil, err
 	}
@@ -470,9 +473,53 @@ func waitDrained(ctx context.Context, addrs []string, group, topic string, ready
 	}
 }
 
+// database is what differs between PostgreSQL and MySQL/MariaDB.
+type database struct {
+	driver  string
+	dialect sqlinbox.Dialect
+	arg     string // the first placeholder
+	key     string // an auto-increment primary key column
+	quote   func(name string) string
+	// relay is the outbox relay's subscriber configuration; its schema
+	// adapter is also the publishers'.
+	relay wsql.SubscriberConfig
+}
+
+var (
+	postgres = database{
+		driver: "pgx", dialect: sqlinbox.PostgreSQL, arg: "$1", key: "id bigserial PRIMARY KEY",
+		quote: func(name string) string { return `"` + name + `"` },
+		relay: wsql.SubscriberConfig{
+			ConsumerGroup:  "relay",
+			SchemaAdapter:  wsql.DefaultPostgreSQLSchema{},
+			OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
+		},
+	}
+	// mysql's outboxes are queues: the relay deletes each row it
+	// published and reads every row left, one per batch, with no consumer
+	// group (docs/outbox.md).
+	mysql = database{
+		driver: "mysql", dialect: sqlinbox.MySQL, arg: "?", key: "id BIGINT AUTO_INCREMENT PRIMARY KEY",
+		quote: func(name string) string { return "`" + name + "`" },
+		relay: wsql.SubscriberConfig{
+			SchemaAdapter:  wsql.MySQLQueueSchema{SubscribeBatchSize: 1},
+			OffsetsAdapter: wsql.MySQLQueueOffsetsAdapter{DeleteOnAck: true},
+		},
+	}
+)
+
+// databaseOf tells PostgreSQL URLs from MySQL DSNs.
+func databaseOf(dsn string) database {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		return postgres
+	}
+	return mysql
+}
+
 // tables are this run's business, inbox and outbox tables.
 type tables struct {
 	db  *sql.DB
+	d   database
 	run string
 }
 
@@ -485,11 +532,11 @@ func (t tables) create(ctx context.Context) error {
 			column = "event_id"
 		}
 		// No unique key: a duplicate effect would show as a second row.
-		if _, err := t.db.ExecContext(ctx, `CREATE TABLE `+t.name(table)+` (id bigserial PRIMARY KEY, `+column+` text NOT NULL)`); err != nil {
+		if _, err := t.db.ExecContext(ctx, `CREATE TABLE `+t.name(table)+` (`+t.d.key+`, `+column+` VARCHAR(64) NOT NULL)`); err != nil {
 			return err
 		}
 	}
-	store, err := sqlinbox.New(t.db, sqlinbox.Config{Dialect: sqlinbox.PostgreSQL, Table: t.name("inbox")})
+	store, err := sqlinbox.New(t.db, sqlinbox.Config{Dialect: t.d.dialect, Table: t.name("inbox")})
 	if err != nil {
 		return err
 	}
@@ -499,7 +546,7 @@ func (t tables) create(ctx context.Context) error {
 func (t tables) drop() {
 	names := []string{t.name("orders"), t.name("invoices"), t.name("notifications"), t.name("inbox")}
 	for _, outbox := range []string{"outbox_orders", "outbox_billing"} {
-		names = append(names, `"watermill_`+t.name(outbox)+`"`, `"watermill_offsets_`+t.name(outbox)+`"`)
+		names = append(names, t.d.quote("watermill_"+t.name(outbox)), t.d.quote("watermill_offsets_"+t.name(outbox)))
 	}
 	_, _ = t.db.Exec(`DROP TABLE IF EXISTS ` + strings.Join(names, ", "))
 }

@@ -103,6 +103,7 @@ func Run(t *testing.T, target Target) {
 		{"ClosedDatabase", testClosedDatabase},
 		{"CancelledContextMidHandler", testCancelledContextMidHandler},
 		{"SwallowedStatementError", testSwallowedStatementError},
+		{"HandlerErrorOfAnOutagesType", testHandlerErrorOfAnOutagesType},
 		{"InFlightDuplicateWaits", testInFlightDuplicateWaits},
 		{"InFlightRollbackLetsDuplicateThrough", testInFlightRollbackLetsDuplicateThrough},
 		{"ClaimTimeout", testClaimTimeout},

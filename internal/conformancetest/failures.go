@@ -2,6 +2,8 @@ package conformancetest
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -79,4 +81,26 @@ func testSwallowedStatementError(t *testing.T, target Target) {
 	require.NoError(t, err)
 	require.Equal(t, once("c", "x"), b.effectCounts(t))
 	require.Equal(t, 1, b.attemptsOf("x"))
+}
+
+// A handler's own error is not transient for its Go type: an
+// io.ErrUnexpectedEOF from a truncated payload, also after a failed
+// statement (which aborts a PostgreSQL transaction), is the handler's. The
+// claim's connection answers the middleware's probe; nothing commits.
+func testHandlerErrorOfAnOutagesType(t *testing.T, target Target) {
+	b := setup(t, target)
+	mw := b.middleware(t, inbox.Config{Consumer: "c"})
+	for _, failedStatement := range []bool{false, true} {
+		_, err := call(mw, func(msg *message.Message) ([]*message.Message, error) {
+			require.NoError(t, b.writeEffect(msg))
+			if failedStatement {
+				require.Error(t, b.exec(msg.Context(), "SELECT * FROM no_such_table_anywhere"))
+			}
+			return nil, fmt.Errorf("decoding the order: %w", io.ErrUnexpectedEOF)
+		}, newMsg("x"))
+		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		require.False(t, inbox.IsTransient(err), "after a failed statement: %t: %v", failedStatement, err)
+	}
+	require.Zero(t, b.claims(t))
+	require.Empty(t, b.effectCounts(t))
 }

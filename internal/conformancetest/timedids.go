@@ -63,6 +63,13 @@ func (s timedIDs) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]str
 	return s.store.(inboxdriver.ConsumerRegistry).Heartbeat(ctx, h)
 }
 
+func (s timedIDs) ProbeTx(ctx context.Context, tx inboxdriver.Tx) error {
+	if p, ok := s.store.(inboxdriver.TxProber); ok {
+		return p.ProbeTx(ctx, tx)
+	}
+	return nil
+}
+
 func (s timedIDs) IsUnavailable(err error) bool {
 	d, ok := s.store.(inboxdriver.UnavailableDetector)
 	return ok && d.IsUnavailable(err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -73,7 +74,7 @@ func TestREADMEStack(t *testing.T) {
 	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
 	require.NoError(t, err)
 	p := newPipeline(t)
-	router, sub, pub := p.router, p.pubSub, p.pubSub
+	router, sub, pub, logger := p.router, p.pubSub, p.pubSub, watermill.NopLogger{}
 	var attempts atomic.Int32
 	handle := func(msg *message.Message) error {
 		if attempts.Add(1) < 3 {
@@ -88,11 +89,13 @@ func TestREADMEStack(t *testing.T) {
 	}
 
 	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", func(err error) bool { return !inbox.IsTransient(err) })
+	backoff, err := inbox.NewBackoff(inbox.BackoffConfig{}, logger)
 	router.AddMiddleware(
-		poison, // a missing event id, a miswiring: at once; a database restart: never
+		poison, // a missing event id, a miswiring: at once; a handler's error: after the retries
 		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond,
 			ShouldRetry: func(p middleware.RetryParams) bool { return !inbox.IsPermanent(p.Err) }}.Middleware,
 		middleware.Recoverer, // inside Retry: a panic is retried like an error
+		backoff,              // the database down: waited out in place, one log line per 10 s, never poisoned
 	)
 	router.AddConsumerHandler("invoicing", "orders", sub, inbox.ConsumerHandler(mw, handle))
 

@@ -1,7 +1,7 @@
 // Package effects runs consumers whose handler has a non-idempotent effect
 // (one row per handled message in a table without a unique key, so a doubled
 // effect shows up as a second row) behind the inbox middleware, on
-// PostgreSQL, and counts effects from the database. The end-to-end tests of
+// PostgreSQL or MariaDB, and counts effects from the database. The end-to-end tests of
 // every broker share it.
 package effects
 
@@ -66,16 +66,23 @@ func NewService(t testing.TB, db *stdsql.DB, name string) *Service {
 	return NewServiceWith(t, db, name, sqlinbox.Config{})
 }
 
-// NewServiceWith is NewService with a store configuration; its Dialect and
-// Table are the service's.
+// NewServiceWith is NewService with a store configuration; its Table is
+// the service's, and its Dialect defaults to PostgreSQL (sqlinbox.MySQL
+// for MariaDB).
 func NewServiceWith(t testing.TB, db *stdsql.DB, name string, config sqlinbox.Config) *Service {
 	t.Helper()
 	s := openService(t, db, name, testdb.Table(t, db, "inbox"), testdb.Table(t, db, "effects"), config)
 	require.NoError(t, s.Store.CreateSchema(context.Background()))
-	_, err := db.Exec(`CREATE TABLE ` + s.Effects + ` (id bigserial PRIMARY KEY, event_id text NOT NULL)`)
+	ddl := `CREATE TABLE ` + s.Effects + ` (id bigserial PRIMARY KEY, event_id text NOT NULL)`
+	if s.mysql() {
+		ddl = `CREATE TABLE ` + s.Effects + ` (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL)`
+	}
+	_, err := db.Exec(ddl)
 	require.NoError(t, err)
 	return s
 }
+
+func (s *Service) mysql() bool { return s.Config.Dialect == sqlinbox.MySQL }
 
 // OpenService uses tables another process created with config.
 func OpenService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string, config sqlinbox.Config) *Service {
@@ -85,7 +92,10 @@ func OpenService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string, 
 
 func openService(t testing.TB, db *stdsql.DB, name, inboxTable, effects string, config sqlinbox.Config) *Service {
 	t.Helper()
-	config.Dialect, config.Table = sqlinbox.PostgreSQL, inboxTable
+	if config.Dialect == nil {
+		config.Dialect = sqlinbox.PostgreSQL
+	}
+	config.Table = inboxTable
 	store, err := sqlinbox.New(db, config)
 	require.NoError(t, err)
 	return &Service{Name: name, DB: db, Store: store, Config: config, Inbox: inboxTable, Effects: effects, outcomes: map[observe.Outcome]int64{}}
@@ -176,7 +186,11 @@ func (s *Service) handle(rc RunConfig) message.HandlerFunc {
 		if rc.EffectKey != nil {
 			key = rc.EffectKey(msg)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.Effects+` (event_id) VALUES ($1)`, key); err != nil {
+		insert := `INSERT INTO ` + s.Effects + ` (event_id) VALUES ($1)`
+		if s.mysql() {
+			insert = `INSERT INTO ` + s.Effects + ` (event_id) VALUES (?)`
+		}
+		if _, err := tx.ExecContext(ctx, insert, key); err != nil {
 			return nil, fmt.Errorf("writing the effect: %w", err)
 		}
 		if rc.AfterEffect != nil {

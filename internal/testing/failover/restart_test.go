@@ -53,8 +53,9 @@ type restartable interface {
 // PostgreSQL crashed (SIGKILL, started again at once) and then stopped
 // cleanly (fast shutdown) for restartOutage under a stream with duplicates,
 // consumed by routers on lib/pq, pgx stdlib and native pgx behind the
-// recommended stack: every event has exactly one effect, and the poison
-// queue gets nothing.
+// recommended stack: every event has exactly one effect, the poison
+// queue gets nothing, and each router logs a few lines during the outage,
+// not one per attempt.
 func TestPostgresRestart(t *testing.T) {
 	srv := dbserver.StartPostgres(t)
 	tables := stream.NewTables()
@@ -86,7 +87,8 @@ func TestMariaDBRestart(t *testing.T) {
 // recommendedStack is the middleware stack of the root package's
 // Example_retriesAndPoisonQueue, outermost first (the inbox goes around
 // the handler function): PoisonQueue for what is not transient, Retry for
-// what is not permanent, Recoverer. Its hook and logger only count.
+// what is not permanent, Recoverer, Backoff for what is transient. Its
+// hook and loggers only count.
 func recommendedStack(t *testing.T, c *stream.Counts, poison message.Publisher) []message.HandlerMiddleware {
 	t.Helper()
 	poisonQueue, err := middleware.PoisonQueueWithFilter(poison, poisonTopic, func(err error) bool {
@@ -100,7 +102,9 @@ func recommendedStack(t *testing.T, c *stream.Counts, poison message.Publisher) 
 		OnRetryHook:     func(int, time.Duration) { c.Retries.Add(1) },
 		Logger:          c.Logger(),
 	}
-	return []message.HandlerMiddleware{poisonQueue, retry.Middleware, middleware.Recoverer}
+	backoff, err := inbox.NewBackoff(inbox.BackoffConfig{}, c.Logger())
+	require.NoError(t, err)
+	return []message.HandlerMiddleware{poisonQueue, retry.Middleware, middleware.Recoverer, backoff}
 }
 
 // poisonQueue is the topic the routers poison messages to, on an in-memory
@@ -194,6 +198,12 @@ func restartUnder(t *testing.T, srv restartable, routers []router, partitions in
 			total.Retries, total.Processed, total.Duplicates, d.Attempts(), d.Nacks, d.LogLines)
 	}
 	t.Log(report.String())
+	// Backoff's line when the outage starts, one per LogInterval, the one
+	// when it ends, and a line or two of the lease's heartbeat.
+	maxLines := int64(outage/inbox.DefaultBackoffLogInterval) + 4
+	for i, r := range routers {
+		require.LessOrEqual(t, during[i].LogLines, maxLines, "%s: log lines during the outage", r.name)
+	}
 	require.Empty(t, poison.poisoned(), "live messages poisoned")
 	v.RequireExactlyOnce(t)
 	require.Zero(t, permanent, "permanent failures")

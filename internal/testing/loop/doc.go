@@ -5,9 +5,11 @@
 // follow-up events to their own outbox in the same transaction.
 //
 // The tests run a real Kafka-protocol broker in-process (kfake), Sarama
-// through watermill-kafka, watermill-sql v4 on PostgreSQL, and inject each
-// cause of duplicate delivery: a relay that publishes twice, a consumer killed
-// between its commit and its offset commit, a consumer-group rebalance, and
-// an operator replaying a topic. Every test asserts exact effect counts in
-// the database. The package has no code of its own.
+// through watermill-kafka, watermill-sql v3 and v4 on PostgreSQL and
+// MariaDB, and inject each cause of duplicate delivery: a relay that
+// publishes twice, a consumer killed between its commit and its offset
+// commit, a consumer-group rebalance, an operator replaying a topic, and
+// rows that commit out of their insert order under a relay that must not
+// skip them. Every test asserts exact effect counts in the database. The
+// package has no code of its own.
 package loop

@@ -13,7 +13,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -155,57 +154,58 @@ func setupWith(t testing.TB, config sqlinbox.Config) fixture {
 	return fixture{db: db, broker: b, topic: b.topic(t, "orders"), billing: effects.NewServiceWith(t, db, "billing", config)}
 }
 
-// outbox is a watermill-sql v4 outbox on PostgreSQL, fronted by Watermill's
-// forwarder: producers publish enveloped messages to one SQL topic in their
-// own transaction, and the relay publishes each to the destination topic
-// named in its envelope.
+// outbox is a watermill-sql outbox, built as its configuration says and
+// fronted by Watermill's forwarder: producers publish enveloped messages to
+// one SQL topic in their own transaction, and the relay publishes each to
+// the destination topic named in its envelope.
 type outbox struct {
-	db    *stdsql.DB
-	topic string // the SQL topic; its table is watermill_<topic>
+	db     *stdsql.DB
+	config outboxConfig
+	topic  string // the SQL topic; its table is watermill_<topic>
 }
 
-var (
-	outboxSchema  = wsql.DefaultPostgreSQLSchema{}
-	outboxOffsets = wsql.DefaultPostgreSQLOffsetsAdapter{}
-)
-
-// newOutbox creates the outbox tables up front: a publisher bound to a
-// transaction must not create them itself (watermill-sql refuses
-// AutoInitializeSchema with a transaction).
+// newOutbox is newOutboxWith watermill-sql v4 on PostgreSQL.
 func newOutbox(t testing.TB, db *stdsql.DB) *outbox {
 	t.Helper()
-	o := &outbox{db: db, topic: testdb.Name("outbox")}
-	t.Cleanup(func() {
-		_, _ = db.Exec(`DROP TABLE IF EXISTS "watermill_` + o.topic + `", "watermill_offsets_` + o.topic + `"`)
-	})
+	return newOutboxWith(t, db, postgresV4)
+}
+
+// newOutboxWith creates the outbox tables up front: a publisher bound to a
+// transaction must not create them itself (watermill-sql refuses
+// AutoInitializeSchema with a transaction).
+func newOutboxWith(t testing.TB, db *stdsql.DB, config outboxConfig) *outbox {
+	t.Helper()
+	o := &outbox{db: db, config: config, topic: testdb.Name("outbox")}
+	t.Cleanup(func() { _, _ = db.Exec(config.drop(o.topic)) })
 	sub := o.subscriber(t)
 	require.NoError(t, sub.SubscribeInitialize(o.topic))
+	require.NoError(t, sub.Close())
 	return o
 }
 
 // publisher returns an outbox publisher bound to tx: what it publishes
 // commits or rolls back with tx.
 func (o *outbox) publisher(tx *stdsql.Tx) (message.Publisher, error) {
-	pub, err := wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: outboxSchema}, logger)
+	pub, err := o.config.publisher(tx)
 	if err != nil {
 		return nil, err
 	}
 	return forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: o.topic}), nil
 }
 
-func (o *outbox) subscriber(t testing.TB) *wsql.Subscriber {
+// subscriber is a relay's subscriber. Give it to a router, which closes
+// it (closing a v3 subscriber twice is a data race).
+func (o *outbox) subscriber(t testing.TB) subscriber {
 	t.Helper()
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(o.db), wsql.SubscriberConfig{
-		ConsumerGroup:  "relay",
-		PollInterval:   20 * time.Millisecond,
-		ResendInterval: 20 * time.Millisecond,
-		RetryInterval:  100 * time.Millisecond,
-		SchemaAdapter:  outboxSchema,
-		OffsetsAdapter: outboxOffsets,
-	}, logger)
+	sub, err := o.config.relay(o.db)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
 	return sub
+}
+
+// pending is the number of outbox rows the relay has not acked.
+func (o *outbox) pending(t testing.TB) int {
+	t.Helper()
+	return o.config.pendingRows(t, o.db, o.topic)
 }
 
 // relay is Watermill's forwarder from an outbox to Kafka. It can crash after
@@ -215,12 +215,26 @@ type relay struct {
 	rows        atomic.Int64 // distinct outbox rows published
 	crashes     atomic.Int64 // crashes injected after a publish
 	republished atomic.Int64 // crashed rows published again
+	stop        func()       // closes the relay gracefully and waits until it stopped
 }
 
 // startRelay runs a relay from o to Kafka that crashes after publishing
 // every crashEvery-th row (0: never).
 func startRelay(t testing.TB, o *outbox, addrs []string, crashEvery int) *relay {
 	t.Helper()
+	return startRelayWith(t, o, kafkaPublisher(t, addrs), relayOptions{crashEvery: crashEvery})
+}
+
+// relayOptions shape a relay's failures.
+type relayOptions struct {
+	crashEvery int                       // crash after publishing every crashEvery-th row (0: never)
+	after      message.HandlerMiddleware // runs around each publish, inside the crash
+}
+
+// startRelayWith runs a relay from o to pub.
+func startRelayWith(t testing.TB, o *outbox, pub message.Publisher, opts relayOptions) *relay {
+	t.Helper()
+	crashEvery := opts.crashEvery
 	r := &relay{}
 	var mu sync.Mutex
 	crashed := map[string]bool{} // envelope uuid -> republished yet
@@ -248,9 +262,13 @@ func startRelay(t testing.TB, o *outbox, addrs []string, crashEvery int) *relay 
 			return out, nil
 		}
 	}
-	fwd, err := forwarder.NewForwarder(o.subscriber(t), kafkaPublisher(t, addrs), logger, forwarder.Config{
+	mws := []message.HandlerMiddleware{crash}
+	if opts.after != nil {
+		mws = append(mws, opts.after)
+	}
+	fwd, err := forwarder.NewForwarder(o.subscriber(t), pub, logger, forwarder.Config{
 		ForwarderTopic: o.topic,
-		Middlewares:    []message.HandlerMiddleware{crash},
+		Middlewares:    mws,
 		CloseTimeout:   10 * time.Second,
 	})
 	require.NoError(t, err)
@@ -261,10 +279,14 @@ func startRelay(t testing.TB, o *outbox, addrs []string, crashEvery int) *relay 
 	case err := <-done:
 		t.Fatalf("relay stopped at start: %v", err)
 	}
-	t.Cleanup(func() {
-		_ = fwd.Close()
-		<-done
-	})
+	var once sync.Once
+	r.stop = func() {
+		once.Do(func() {
+			_ = fwd.Close()
+			<-done
+		})
+	}
+	t.Cleanup(r.stop)
 	return r
 }
 
@@ -289,7 +311,11 @@ type orderService struct {
 func newOrderService(t testing.TB, db *stdsql.DB, o *outbox) *orderService {
 	t.Helper()
 	a := &orderService{db: db, orders: testdb.Table(t, db, "orders"), outbox: o}
-	_, err := db.Exec(`CREATE TABLE ` + a.orders + ` (id bigserial PRIMARY KEY, event_id text NOT NULL)`)
+	ddl := `CREATE TABLE ` + a.orders + ` (id bigserial PRIMARY KEY, event_id text NOT NULL)`
+	if o.config.mysql {
+		ddl = `CREATE TABLE ` + a.orders + ` (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL)`
+	}
+	_, err := db.Exec(ddl)
 	require.NoError(t, err)
 	return a
 }
@@ -304,7 +330,11 @@ func (a *orderService) placeOrders(t testing.TB, kafkaTopic string, n int) []str
 		ids[i] = msg.UUID
 		tx, err := a.db.Begin()
 		require.NoError(t, err)
-		_, err = tx.Exec(`INSERT INTO `+a.orders+` (event_id) VALUES ($1)`, msg.UUID)
+		insert := `INSERT INTO ` + a.orders + ` (event_id) VALUES ($1)`
+		if a.outbox.config.mysql {
+			insert = `INSERT INTO ` + a.orders + ` (event_id) VALUES (?)`
+		}
+		_, err = tx.Exec(insert, msg.UUID)
 		require.NoError(t, err)
 		pub, err := a.outbox.publisher(tx)
 		require.NoError(t, err)

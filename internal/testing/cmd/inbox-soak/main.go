@@ -48,7 +48,7 @@ func main() {
 	flag.IntVar(&o.faultEvery, "fault-every", 0, "committed records between two injected faults (default: deliveries/100)")
 	flag.Float64Var(&o.errRate, "errors", 0.01, "share of handler calls that return an error after writing the effect")
 	flag.Float64Var(&o.panicRate, "panics", 0.005, "share of handler calls that panic after writing the effect")
-	flag.BoolVar(&o.keep, "keep", false, "keep the inbox and effect tables")
+	flag.BoolVar(&o.keep, "keep", false, "keep the inbox and effect tables (MySQL: and the database the soak creates for them)")
 	flag.BoolVar(&progress, "progress", false, "print progress to stderr")
 	flag.Parse()
 	if o.dsn == "" {

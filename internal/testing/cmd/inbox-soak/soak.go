@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -89,20 +90,22 @@ func (r result) violations() int64 {
 }
 
 type soak struct {
-	o       options
-	direct  *stream.Target // for setup, faults and the final check
-	target  *stream.Target // the consumers', through the proxy (SQLite: none)
-	cdsn    string         // the consumers' DSN
-	proxy   *toxiproxy.Proxy
-	broker  *kfake.Cluster // nil in a child process
-	addrs   []string       // the broker's
-	topic   string
-	group   string
-	app     string // application_name of the consumers' PostgreSQL connections
-	inbox   string
-	effects string
-	tmp     string // SQLite's directory, when the soak made one
-	child   *child
+	o        options
+	direct   *stream.Target // for setup, faults and the final check
+	target   *stream.Target // the consumers', through the proxy (SQLite: none)
+	cdsn     string         // the consumers' DSN
+	proxy    *toxiproxy.Proxy
+	broker   *kfake.Cluster // nil in a child process
+	addrs    []string       // the broker's
+	topic    string
+	group    string
+	app      string // application_name of the consumers' PostgreSQL connections
+	db       string // MySQL: the database the soak created for its tables and connections
+	adminDSN string // MySQL: the -dsn, to drop db
+	inbox    string
+	effects  string
+	tmp      string // SQLite's directory, when the soak made one
+	child    *child
 
 	faults   faults
 	attempts atomic.Int64
@@ -205,6 +208,11 @@ func (s *soak) setup(ctx context.Context) error {
 		dsn = sqlinbox.SQLiteDSN(dsn)
 	}
 	var err error
+	if s.o.driver == "mysql" {
+		if dsn, err = s.ownDatabase(ctx, dsn); err != nil {
+			return err
+		}
+	}
 	if s.direct, err = stream.Connect(ctx, s.o.driver, dsn, tables, 4); err != nil {
 		return err
 	}
@@ -234,6 +242,28 @@ func (s *soak) setup(ctx context.Context) error {
 	}
 	s.addrs = s.broker.ListenAddrs()
 	return s.broker.CreateTopic(s.topic, int32(s.o.partitions), nil)
+}
+
+// ownDatabase creates a MySQL database for the soak and returns dsn with
+// it as the connections' database: the soak's transactions are then those
+// of sessions in it, and killTransactions kills those only, not another
+// program's on the same server.
+func (s *soak) ownDatabase(ctx context.Context, dsn string) (string, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("parsing -dsn: %w", err)
+	}
+	admin, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return "", err
+	}
+	defer admin.Close()
+	name := name("inbox_soak")
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", fmt.Errorf("creating the soak's database %s: %w", name, err)
+	}
+	s.db, s.adminDSN, cfg.DBName = name, dsn, name
+	return cfg.FormatDSN(), nil
 }
 
 // proxied starts the proxy in front of the server of dsn and returns the
@@ -289,6 +319,12 @@ func (s *soak) teardown() {
 			_ = s.direct.Drop(context.Background())
 		}
 		s.direct.Close()
+	}
+	if s.db != "" && !s.o.keep {
+		if admin, err := sql.Open("mysql", s.adminDSN); err == nil {
+			_, _ = admin.Exec("DROP DATABASE IF EXISTS " + s.db)
+			_ = admin.Close()
+		}
 	}
 	if s.tmp != "" && !s.o.keep {
 		_ = os.RemoveAll(s.tmp)
@@ -600,8 +636,10 @@ func (s *soak) killTransactions(ctx context.Context) (n int64, ok bool) {
 			WHERE application_name = $1 AND xact_start IS NOT NULL AND pid <> pg_backend_pid()`, s.app).Scan(&n)
 		return n, err == nil
 	case sqlinbox.MySQL:
-		// Only the consumers hold transactions on the soak's tables.
-		rows, err := s.direct.DB.QueryContext(ctx, `SELECT trx_mysql_thread_id FROM information_schema.innodb_trx WHERE trx_mysql_thread_id <> CONNECTION_ID()`)
+		// The soak's sessions are those in its own database.
+		rows, err := s.direct.DB.QueryContext(ctx, `SELECT t.trx_mysql_thread_id FROM information_schema.innodb_trx t
+			JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id
+			WHERE p.db = ? AND t.trx_mysql_thread_id <> CONNECTION_ID()`, s.db)
 		if err != nil {
 			return 0, false
 		}
