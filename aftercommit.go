@@ -15,7 +15,7 @@ import (
 // their failures. A hook that fails or panics loses only its own effect:
 // the transaction has committed, so the message is still processed and
 // acked, and the hooks after it still run.
-func (e *engine) runHooks(ctx context.Context, s *session.Session) error {
+func runHooks(ctx context.Context, s *session.Session, logger watermill.LoggerAdapter) error {
 	hooks := s.End()
 	if len(hooks) == 0 {
 		return nil
@@ -31,7 +31,7 @@ func (e *engine) runHooks(ctx context.Context, s *session.Session) error {
 		if stack != nil {
 			fields["stack"] = string(stack)
 		}
-		e.config.Logger.Error("Inbox: after-commit hook failed; its effect is lost for this event", err, fields)
+		logger.Error("Inbox: after-commit hook failed; its effect is lost for this event", err, fields)
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -286,7 +286,7 @@ type batchItem struct {
 	ob     observe.Observation
 	dones  []func(observe.Observation)
 	orig   context.Context // the message's context before the observers
-	err    error // nil once acked
+	err    error           // nil once acked
 	sess   *session.Session
 }
 
@@ -391,13 +391,13 @@ func (c *BatchConsumer) handle(ctx context.Context, tx inboxdriver.Tx, fresh []*
 	committed := false
 	msgs := make([]*message.Message, len(fresh))
 	for i, it := range fresh {
-		it.sess = &session.Session{Tx: tx, Consumer: c.config.Consumer, EventID: it.id, Msg: it.msg, Reporter: c.e}
+		it.sess = &session.Session{Tx: tx, Consumer: c.config.Consumer, EventID: it.id, Msg: it.msg, Reporter: c.e.accessors}
 		orig := it.msg.Context()
 		it.msg.SetContext(session.With(orig, it.sess))
 		defer it.msg.SetContext(orig)
 		msgs[i] = it.msg
 	}
-	batch := &session.Session{Tx: tx, Consumer: c.config.Consumer, Msg: fresh[0].msg, Reporter: c.e}
+	batch := &session.Session{Tx: tx, Consumer: c.config.Consumer, Msg: fresh[0].msg, Reporter: c.e.accessors}
 	defer func() {
 		if !committed {
 			batch.End()
@@ -415,10 +415,10 @@ func (c *BatchConsumer) handle(ctx context.Context, tx inboxdriver.Tx, fresh []*
 		return c.e.failed(ctx, tx, fmt.Errorf("inbox: committing a batch of %d events for consumer %q (redeliveries will tell whether it was committed): %w", len(fresh), c.config.Consumer, err), "", ob)
 	}
 	committed = true
-	hookErr := c.e.runHooks(ctx, batch)
+	hookErr := runHooks(ctx, batch, c.e.config.Logger)
 	for _, it := range fresh {
 		it.ob.Outcome = observe.Processed
-		it.ob.AfterCommitErr = errors.Join(hookErr, c.e.runHooks(ctx, it.sess))
+		it.ob.AfterCommitErr = errors.Join(hookErr, runHooks(ctx, it.sess, c.e.config.Logger))
 	}
 	return nil
 }

@@ -16,24 +16,40 @@ import (
 )
 
 // engine is one configured middleware. Its message path, [engine.process],
-// is the inbox's six steps; the guards, each a type of its own in a file of
-// its own (guard_*.go), look at the message at three named points: before
-// the claim, after the handler, after the commit. A guard refuses a message
-// only on proof that processing it would lose or double an effect; on
-// suspicion it warns ([engine.warn]) and the message goes on.
+// is the inbox's six steps; the guards (guard.go) look at the message at
+// three named points: before the claim, after the handler, after the
+// commit. The engine runs them as one chain and knows none by name.
 type engine struct {
 	config    Config
 	store     inboxdriver.Store
 	checkID   func(id string) (string, error) // the store's EventIDChecker, or nil
 	observers []observe.Observer              // Config.Observer, Joined flattened (observers.go)
 	panics    observerPanics
-	once      onceSet // what has been logged, per kind and consumer (warn.go)
+	report    *reporter // warnings, once per kind and consumer (warn.go)
+	guards    []guard
+	accessors session.Reporter // the guard told of a handler asking the wrong accessor
 
-	subscriber txFinder       // watermill-sql subscribers' transactions (subscribertx.go)
-	wiring     wiringGuard    // guard_wiring.go
-	lease      leaseGuard     // guard_lease.go
-	txUse      txUseGuard     // guard_txuse.go
-	produced   publisherGuard // guard_publisher.go
+	subscriber txFinder // watermill-sql subscribers' transactions (subscribertx.go)
+}
+
+// newEngine builds the engine of a validated config.
+func newEngine(config Config) *engine {
+	e := &engine{
+		config:    config,
+		store:     config.Store,
+		observers: flatten(config.Observer),
+		report:    &reporter{logger: config.Logger},
+	}
+	e.guards = guards(guardDeps{config: config, store: config.Store, report: e.report})
+	for _, g := range e.guards {
+		if r, ok := g.(session.Reporter); ok && e.accessors == nil {
+			e.accessors = r
+		}
+	}
+	if checker, ok := config.Store.(inboxdriver.EventIDChecker); ok {
+		e.checkID = checker.CheckEventID
+	}
+	return e
 }
 
 // middleware wraps h.
@@ -60,8 +76,9 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *observ
 		return nil, err
 	}
 	ob.EventID = eventID
-	if stop, err := e.beforeClaim(msg, consumer, eventID, ob); stop {
-		return nil, err
+	v := &visit{msg: msg, consumer: consumer, eventID: eventID, ob: ob}
+	if err := e.beforeClaim(v); err != nil {
+		return nil, acked(err)
 	}
 	claim, err := e.claimOf(msg, consumer, eventID)
 	if err != nil {
@@ -75,7 +92,8 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *observ
 	if tx == nil {
 		return nil, e.duplicate(msg, claim, stored, ob)
 	}
-	s := &session.Session{Tx: tx, Consumer: consumer, EventID: eventID, Msg: msg, Reporter: e}
+	s := &session.Session{Tx: tx, Consumer: consumer, EventID: eventID, Msg: msg, Reporter: e.accessors}
+	v.s = s
 	committed := false
 	defer func() {
 		// Also while a handler panic unwinds: the claim disappears with
@@ -96,13 +114,12 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *observ
 	defer msg.SetContext(ctx)
 
 	ob.Outcome = observe.RolledBack
-	poisoned := msg.Metadata.Get(poisonReasonKey)
-	produced, err := h(msg)
-	if err != nil {
+	v.poisoned = msg.Metadata.Get(poisonReasonKey)
+	if v.produced, err = h(msg); err != nil {
 		return nil, e.failed(ctx, tx, err, "the handler", ob)
 	}
-	if produced, err = e.afterHandler(hctx, s, poisoned, produced, ob); err != nil {
-		if err == errRollBackAndAck {
+	if err := e.afterHandler(v); err != nil {
+		if err == errAck {
 			return nil, nil
 		}
 		return nil, e.failed(ctx, tx, err, "the produced publisher", ob)
@@ -112,22 +129,47 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *observ
 	}
 	committed = true
 	ob.Outcome = observe.Processed
-	e.afterCommit(ctx, s, ob)
-	return produced, nil
+	for _, g := range e.guards {
+		g.afterCommit(v)
+	}
+	ob.AfterCommitErr = runHooks(ctx, s, e.config.Logger)
+	return v.produced, nil
 }
 
-// beforeClaim runs the guards and policies that look at a message before
-// any SQL; stop means the message goes no further, with err as its result.
-func (e *engine) beforeClaim(msg *message.Message, consumer, eventID string, ob *observe.Observation) (stop bool, err error) {
-	if err := e.wiring.beforeClaim(e, msg, consumer, eventID); err != nil {
-		ob.Outcome = observe.Miswired
-		return true, err
+// beforeClaim runs the guards before the claim; the first error ends the
+// message.
+func (e *engine) beforeClaim(v *visit) error {
+	for _, g := range e.guards {
+		if err := g.beforeClaim(v); err != nil {
+			if errors.Is(err, ErrMiswired) {
+				v.ob.Outcome = observe.Miswired
+			}
+			return err
+		}
 	}
-	e.lease.beforeClaim(e, consumer, ob)
-	if e.config.MaxEventAge > 0 {
-		return e.stale(msg, consumer, eventID, ob)
+	return nil
+}
+
+// afterHandler runs the guards after a successful handler call; the first
+// error rolls back.
+func (e *engine) afterHandler(v *visit) error {
+	for _, g := range e.guards {
+		if err := g.afterHandler(v); err != nil {
+			if errors.Is(err, ErrMiswired) {
+				v.ob.Outcome = observe.Miswired
+			}
+			return err
+		}
 	}
-	return false, nil
+	return nil
+}
+
+// acked is the result of a message a guard ended: nil for [errAck].
+func acked(err error) error {
+	if err == errAck {
+		return nil
+	}
+	return err
 }
 
 // claimOf is what the store is asked to claim.
@@ -173,7 +215,7 @@ func (e *engine) duplicate(msg *message.Message, c inboxdriver.Claim, stored []b
 	// A NULL stored fingerprint (claimed before fingerprints were on, or
 	// by a message the function returned nil for) never mismatches.
 	if stored != nil && c.Fingerprint != nil && string(stored) != string(c.Fingerprint) {
-		return e.idReused(msg, c.Consumer, c.EventID, ob)
+		return idReused(e.config.OnIDReuse, e.config.Logger, msg, c.Consumer, c.EventID, ob)
 	}
 	ob.Outcome = observe.Duplicate
 	e.config.Logger.Debug("Inbox: duplicate skipped", watermill.LogFields{
@@ -218,37 +260,6 @@ func whatOr(what, otherwise string) string {
 		return otherwise
 	}
 	return what
-}
-
-// errRollBackAndAck is the result of a guard after the handler that rolls
-// the transaction back and acks the message.
-var errRollBackAndAck = errors.New("inbox: rolled back and acked")
-
-// afterHandler runs the guards that look at a successful handler call, and
-// publishes its produced messages in the transaction.
-func (e *engine) afterHandler(ctx context.Context, s *session.Session, poisonedBefore string, produced []*message.Message, ob *observe.Observation) ([]*message.Message, error) {
-	if err := e.wiring.afterHandler(e, s, poisonedBefore); err != nil {
-		ob.Outcome = observe.Miswired
-		return nil, err
-	}
-	if e.config.ProducedPublisher == nil || len(produced) == 0 {
-		return produced, nil
-	}
-	s.MarkTxTaken()
-	if err := e.produced.publish(e, ctx, s, produced, ob); err != nil {
-		if errors.Is(err, ErrMiswired) {
-			ob.Outcome = observe.Miswired
-		}
-		return nil, err
-	}
-	return nil, nil
-}
-
-// afterCommit runs the guards that look at a committed message, then its
-// after-commit hooks.
-func (e *engine) afterCommit(ctx context.Context, s *session.Session, ob *observe.Observation) {
-	e.txUse.afterCommit(e, s, ob)
-	ob.AfterCommitErr = e.runHooks(ctx, s)
 }
 
 func (e *engine) consumer(ctx context.Context) (string, error) {

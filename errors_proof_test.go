@@ -235,7 +235,7 @@ func TestHandlerErrorsTransientOnEvidence(t *testing.T) {
 func TestShardKeyMisconfigurationIsPermanent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testdb.MySQL(t)
+	db := testdb.MySQLIfServed(t)
 	keyed, err := sqlinbox.New(db, sqlinbox.Config{Dialect: sqlinbox.MySQL, Table: testdb.Table(t, db, "keyed"), ShardKeyColumn: "shard_key"})
 	require.NoError(t, err)
 	require.NoError(t, keyed.CreateSchema(ctx))

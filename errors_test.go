@@ -37,11 +37,11 @@ func openErrorsDB(t *testing.T, name string) errorsDB {
 	case "sqlite":
 		e.db, e.dialect = testdb.SQLite(t), sqlinbox.SQLite
 	case "lib/pq":
-		e.db = testdb.Postgres(t, "postgres")
+		e.db = testdb.PostgresIfServed(t, "postgres")
 	case "pgx-stdlib":
-		e.db = testdb.Postgres(t, "pgx")
+		e.db = testdb.PostgresIfServed(t, "pgx")
 	case "mariadb":
-		e.db, e.dialect = testdb.MySQL(t), sqlinbox.MySQL
+		e.db, e.dialect = testdb.MySQLIfServed(t), sqlinbox.MySQL
 	default:
 		t.Fatalf("unknown database %s", name)
 	}

@@ -72,14 +72,14 @@ const (
 
 // idReused applies the id-reuse policy to a duplicate whose fingerprint
 // differs from the original's, and returns the message's result.
-func (e *engine) idReused(msg *message.Message, consumer, eventID string, ob *observe.Observation) error {
+func idReused(policy IDReusePolicy, logger watermill.LoggerAdapter, msg *message.Message, consumer, eventID string, ob *observe.Observation) error {
 	ob.Outcome = observe.IDReused
 	err := fmt.Errorf("%w: event %s for consumer %q was processed with another fingerprint (message %s)", ErrEventIDReused, errtext.Quote(eventID), consumer, msg.UUID)
-	switch e.config.OnIDReuse {
+	switch policy {
 	case IDReuseReject:
 		return err
 	case IDReuseLog:
-		e.config.Logger.Error("Inbox: event id reused with another payload; acked as a duplicate without calling the handler", err, watermill.LogFields{
+		logger.Error("Inbox: event id reused with another payload; acked as a duplicate without calling the handler", err, watermill.LogFields{
 			"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
 		})
 	}

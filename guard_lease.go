@@ -1,13 +1,12 @@
 package inbox
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,138 +24,164 @@ import (
 // [Config.Service] says), and a guess can be wrong (a renamed package, an
 // integration test run against the service's database), so this is a
 // warning and never a refusal: every process holds a lease on each consumer
-// it claims for, renewed in the background while it claims, and a process
-// that finds a live lease of another service on its consumer warns, on
-// every message while the other lease lives, and the inbox check command
-// fails. A lease ends leaseTTL after its process stopped claiming, so a
-// rename or a test is forgotten within a minute.
+// it claims for, and a process that finds a live lease of another service
+// on its consumer warns, on every message while the other lease lives, and
+// the inbox check command reports it. A lease ends leaseTTL after its
+// process stopped claiming, so a rename or a test is forgotten within a
+// minute.
+//
+// The lease is read and renewed by the message that finds it due, before
+// its claim, in the message's context: the first message of each consumer
+// waits for the first reading (so that a process sees a clash before it
+// acks a duplicate), later ones renew it every leaseRenew. Nothing runs
+// between messages, so nothing outlives the router.
 const (
 	leaseTTL   = inboxdriver.LeaseTTL
-	leaseRenew = 20 * time.Second
-	leaseRetry = time.Minute // after a failed heartbeat
+	leaseRenew = inboxdriver.LeaseRenewal
+	// leaseRetry is how soon a renewal that failed (the database out of
+	// reach) is tried again; leaseRecheck, one that failed with
+	// [inboxdriver.ErrNoLease], which only a migration or a grant mends.
+	leaseRetry   = 5 * time.Second
+	leaseRecheck = time.Hour
 )
+
+// leaseCheck names the lease's check in logs and warnings.
+const leaseCheck = "shared consumer"
 
 // leaseGuard renews this process's leases through the store's
 // [inboxdriver.ConsumerRegistry].
 type leaseGuard struct {
+	guardDefaults
 	registry inboxdriver.ConsumerRegistry // nil: not checked
+	service  string
 	instance string
+	report   *reporter
 
-	mu     sync.RWMutex
+	mu     sync.Mutex
 	leases map[string]*lease
 }
 
 // lease is one consumer's.
 type lease struct {
-	due      atomic.Int64 // unix nanoseconds of the next heartbeat
-	beating  atomic.Bool
-	first    bool                   // no heartbeat has succeeded yet; under the guard's mu
+	read     chan struct{} // closed once the first renewal was tried
+	due      atomic.Int64  // unix nanoseconds of the next renewal
+	renewing atomic.Bool
+	sent     atomic.Int64           // the version of the warnings the last renewal carried
 	others   atomic.Pointer[string] // the other services with a live lease, "" for none
-	mu       sync.Mutex
-	warnings []string
+	renewed  bool                   // a renewal has succeeded; under renewing
 }
 
-func newLeaseGuard(store inboxdriver.Store) leaseGuard {
-	r, _ := store.(inboxdriver.ConsumerRegistry)
-	return leaseGuard{registry: r, instance: instanceName()}
-}
-
-// beforeClaim starts a heartbeat when one is due, and warns while another
-// service holds a lease on the consumer. It never waits for the database.
-func (g *leaseGuard) beforeClaim(e *engine, consumer string, ob *observe.Observation) {
-	if g.registry == nil {
-		return
+func newLeaseGuard(d guardDeps) guard {
+	r, _ := d.store.(inboxdriver.ConsumerRegistry)
+	if r == nil {
+		return guardDefaults{}
 	}
-	l := g.lease(consumer)
-	if time.Now().UnixNano() >= l.due.Load() && l.beating.CompareAndSwap(false, true) {
-		go g.beat(e, consumer, l)
+	return &leaseGuard{registry: r, service: d.config.Service, instance: instanceName(), report: d.report}
+}
+
+// beforeClaim reads the consumer's leases before its first claim, renews
+// them when due, and warns while another service holds one.
+func (g *leaseGuard) beforeClaim(v *visit) error {
+	ctx := v.msg.Context()
+	l, first := g.lease(v.consumer)
+	switch {
+	case first:
+		g.renew(v, l)
+		close(l.read)
+	case !g.wait(v, l):
+		return nil // cancelled: the claim will say so
+	case time.Now().UnixNano() >= l.due.Load() && l.renewing.CompareAndSwap(false, true):
+		g.renew(v, l)
+	}
+	if ctx.Err() != nil {
+		return nil
 	}
 	if others := l.others.Load(); others != nil && *others != "" {
-		e.warn(observe.SharedConsumer, consumer, ob, ErrMiswired,
-			fmt.Sprintf("service %q shares consumer %q with %s on this table, so each event runs in only one of them; see docs/wiring.md#consumers", e.config.Service, consumer, *others),
-			watermill.LogFields{"service": e.config.Service, "others": *others})
+		g.report.warn(observe.SharedConsumer, v.consumer, v.ob,
+			fmt.Sprintf("service %q shares consumer %q with %s on this table, so each event runs in only one of them; see docs/wiring.md#consumers", g.service, v.consumer, *others),
+			watermill.LogFields{"service": g.service, "others": *others})
+	}
+	return nil
+}
+
+// afterCommit renews the lease at once when the consumer's warnings
+// changed, so that the inbox check command sees a warning as soon as it is
+// logged.
+func (g *leaseGuard) afterCommit(v *visit) {
+	g.mu.Lock()
+	l := g.leases[v.consumer] // made before the claim
+	g.mu.Unlock()
+	if l == nil {
+		return
+	}
+	if _, version := g.report.warnings(v.consumer); int64(version) != l.sent.Load() && l.renewing.CompareAndSwap(false, true) {
+		g.renew(v, l)
 	}
 }
 
-func (g *leaseGuard) lease(consumer string) *lease {
-	g.mu.RLock()
-	l := g.leases[consumer]
-	g.mu.RUnlock()
-	if l != nil {
-		return l
-	}
+// lease is consumer's lease; first is true for the caller that made it,
+// which then holds its renewal.
+func (g *leaseGuard) lease(consumer string) (l *lease, first bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if l = g.leases[consumer]; l == nil {
-		if g.leases == nil {
-			g.leases = map[string]*lease{}
-		}
-		l = &lease{first: true}
-		g.leases[consumer] = l
+	if l = g.leases[consumer]; l != nil {
+		return l, false
 	}
-	return l
-}
-
-// beat renews the lease, with this process's warnings for the consumer,
-// again while warnings arrived during a renewal.
-func (g *leaseGuard) beat(e *engine, consumer string, l *lease) {
-	defer l.beating.Store(false)
-	sent := ""
-	for first := true; first || l.pending() != sent; first = false {
-		sent = l.pending()
-		if !g.renew(e, consumer, l, sent) {
-			return
-		}
+	if g.leases == nil {
+		g.leases = map[string]*lease{}
 	}
+	l = &lease{read: make(chan struct{})}
+	l.renewing.Store(true)
+	g.leases[consumer] = l
+	return l, true
 }
 
-// pending is the warnings the lease is to carry.
-func (l *lease) pending() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.warnings, ",")
-}
-
-func (g *leaseGuard) renew(e *engine, consumer string, l *lease, warnings string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	g.mu.RLock()
-	first := l.first
-	g.mu.RUnlock()
-	others, err := g.registry.Heartbeat(ctx, inboxdriver.Heartbeat{
-		Consumer: consumer, Service: e.config.Service, Instance: g.instance,
-		Warnings: warnings, Lease: leaseTTL, First: first,
-	})
-	if err != nil {
-		l.due.Store(time.Now().Add(leaseRetry).UnixNano())
-		e.unchecked("shared consumer", consumer, err)
+// wait waits for the first renewal of l, which another message of the
+// consumer is making; false when the message was cancelled first.
+func (g *leaseGuard) wait(v *visit, l *lease) bool {
+	select {
+	case <-l.read:
+		return true
+	default:
+	}
+	select {
+	case <-l.read:
+		return true
+	case <-v.msg.Context().Done():
 		return false
 	}
-	g.mu.Lock()
-	l.first = false
-	g.mu.Unlock()
+}
+
+// renew renews l with the consumer's warnings, and lets go of its renewal.
+func (g *leaseGuard) renew(v *visit, l *lease) {
+	defer l.renewing.Store(false)
+	// In the message's context: a renewal waits for a connection as its
+	// claim would, and the store bounds its statements.
+	warnings, version := g.report.warnings(v.consumer)
+	others, err := g.registry.Heartbeat(v.msg.Context(), inboxdriver.Heartbeat{
+		Consumer: v.consumer, Service: g.service, Instance: g.instance,
+		Warnings: warnings, Lease: leaseTTL, First: !l.renewed,
+	})
+	if err != nil {
+		if v.msg.Context().Err() != nil {
+			// The message was cancelled (the router closing): nothing
+			// is known, and nothing to say.
+			return
+		}
+		wait := leaseRetry
+		if errors.Is(err, inboxdriver.ErrNoLease) {
+			wait = leaseRecheck
+		}
+		l.due.Store(time.Now().Add(wait).UnixNano())
+		g.report.unchecked(leaseCheck, v.consumer, err)
+		return
+	}
+	l.renewed = true
+	l.sent.Store(int64(version))
 	joined := strings.Join(others, ", ")
 	l.others.Store(&joined)
 	l.due.Store(time.Now().Add(leaseRenew).UnixNano())
-	return true
-}
-
-// noteWarning records a warning in the consumer's lease, and renews it now
-// so that the inbox check command sees it.
-func (g *leaseGuard) noteWarning(e *engine, consumer string, w observe.Warning) {
-	if g.registry == nil {
-		return
-	}
-	l := g.lease(consumer)
-	l.mu.Lock()
-	if !slices.Contains(l.warnings, string(w)) {
-		l.warnings = append(l.warnings, string(w))
-	}
-	l.mu.Unlock()
-	l.due.Store(0)
-	if l.beating.CompareAndSwap(false, true) {
-		go g.beat(e, consumer, l)
-	}
+	g.report.checked(leaseCheck, v.consumer)
 }
 
 // instanceName tells this process from the others of its service in the

@@ -46,18 +46,44 @@ func (b sqlPublisher) PublisherFor(tx inboxdriver.Tx) (message.Publisher, error)
 // wrote none (a broker's, or an outbox that deduplicates and found its rows
 // there already) is warned about, not refused.
 type publisherGuard struct {
+	guardDefaults
+	publisher inboxdriver.TxPublisher    // Config.ProducedPublisher
+	counter   inboxdriver.TxWriteCounter // nil: the store cannot count
+	report    *reporter
+
 	mu      sync.Mutex
 	counted map[string]bool // consumers whose first publish was counted
 }
 
-// publish publishes the handler's produced messages through the
-// [Config.ProducedPublisher] built on the session's transaction.
-func (g *publisherGuard) publish(e *engine, ctx context.Context, s *session.Session, produced []*message.Message, ob *observe.Observation) error {
+func newPublisherGuard(d guardDeps) guard {
+	if d.config.ProducedPublisher == nil {
+		return guardDefaults{}
+	}
+	counter, _ := d.store.(inboxdriver.TxWriteCounter)
+	return &publisherGuard{publisher: d.config.ProducedPublisher, counter: counter, report: d.report}
+}
+
+// afterHandler publishes the handler's produced messages through the
+// [Config.ProducedPublisher] built on the session's transaction, and takes
+// them from the router.
+func (g *publisherGuard) afterHandler(v *visit) error {
+	if len(v.produced) == 0 {
+		return nil
+	}
+	v.s.MarkTxTaken()
+	if err := g.publish(v.s.Msg.Context(), v.s, v.produced, v.ob); err != nil {
+		return err
+	}
+	v.produced = nil
+	return nil
+}
+
+func (g *publisherGuard) publish(ctx context.Context, s *session.Session, produced []*message.Message, ob *observe.Observation) error {
 	topic := message.PublishTopicFromCtx(ctx)
 	if topic == "" {
 		return fmt.Errorf("%w: the handler returned messages but has no publish topic; add it with router.AddHandler", ErrMiswired)
 	}
-	pub, err := e.config.ProducedPublisher.PublisherFor(s.Tx)
+	pub, err := g.publisher.PublisherFor(s.Tx)
 	if err != nil {
 		return fmt.Errorf("inbox: building the in-transaction publisher: %w", err)
 	}
@@ -65,17 +91,17 @@ func (g *publisherGuard) publish(e *engine, ctx context.Context, s *session.Sess
 		return fmt.Errorf("%w: the produced publisher writes through %s, not the inbox transaction; build it on the tx PublishInTx gives", ErrMiswired, other)
 	}
 	if skippingSchema(pub) {
-		e.warn(observe.SkippingRelay, s.Consumer, ob, ErrMiswired,
+		g.report.warn(observe.SkippingRelay, s.Consumer, ob,
 			"the produced publisher writes with watermill-sql's DefaultMySQLSchema, whose relay skips rows committed out of order: use v4's MySQLQueueSchema (docs/outbox.md)", nil)
 	}
-	counter, _ := e.store.(inboxdriver.TxWriteCounter)
+	counter := g.counter
 	if counter == nil || !g.first(s.Consumer) {
 		return g.send(pub, topic, produced)
 	}
 	before, ok, err := counter.CountTxWrites(ctx, s.Tx)
 	if err != nil || !ok || before < 1 { // the claim's own row is not counted: statistics are off
 		if err != nil {
-			e.unchecked("produced publisher", s.Consumer, err)
+			g.report.unchecked("produced publisher", s.Consumer, err)
 		}
 		return g.send(pub, topic, produced)
 	}
@@ -85,9 +111,9 @@ func (g *publisherGuard) publish(e *engine, ctx context.Context, s *session.Sess
 	after, ok, err := counter.CountTxWrites(ctx, s.Tx)
 	switch {
 	case err != nil:
-		e.unchecked("produced publisher", s.Consumer, err)
+		g.report.unchecked("produced publisher", s.Consumer, err)
 	case ok && after <= before:
-		e.warn(observe.PublisherOutsideTx, s.Consumer, ob, ErrMiswired,
+		g.report.warn(observe.PublisherOutsideTx, s.Consumer, ob,
 			"the produced publisher wrote no row through the inbox transaction: unless its rows existed already, they commit apart from the claim",
 			watermill.LogFields{"event_id": s.EventID, "messages": len(produced)})
 	}

@@ -19,11 +19,21 @@ import (
 // which skips events it does not care about is not taken for a miswired
 // one.
 type txUseGuard struct {
+	guardDefaults
+	report   *reporter
+	store    any
+	accessor string // the accessor that fits the store
+
 	mu   sync.RWMutex // a map under a read lock: a sync.Map's any keys would allocate per message
 	used map[string]bool
 }
 
-func (g *txUseGuard) afterCommit(e *engine, s *session.Session, ob *observe.Observation) {
+func newTxUseGuard(d guardDeps) guard {
+	return &txUseGuard{report: d.report, store: d.store, accessor: accessorOf(d.store)}
+}
+
+func (g *txUseGuard) afterCommit(v *visit) {
+	s, ob := v.s, v.ob
 	if s.WrongAccessor() {
 		ob.Warning = observe.WrongAccessor
 	}
@@ -45,25 +55,25 @@ func (g *txUseGuard) afterCommit(e *engine, s *session.Session, ob *observe.Obse
 		g.mu.Unlock()
 		return
 	}
-	e.warn(observe.TxUnused, s.Consumer, ob, ErrMiswired,
-		"the handler succeeded without taking the inbox transaction: write through "+e.accessor()+", or call inbox.TxNotNeeded",
+	g.report.warn(observe.TxUnused, s.Consumer, ob,
+		"the handler succeeded without taking the inbox transaction: write through "+g.accessor+", or call inbox.TxNotNeeded",
 		watermill.LogFields{"event_id": s.EventID, "message_uuid": s.Msg.UUID})
 }
 
 // WrongAccessor implements the session's reporter: the handler asked
 // accessor for a transaction of a kind the store does not hand out, got
 // none, and fails, panics on nil, or writes around the claim.
-func (e *engine) WrongAccessor(s *session.Session, accessor string) {
-	e.warn(observe.WrongAccessor, s.Consumer, nil, ErrMiswired,
-		fmt.Sprintf("%s returned no transaction: %T hands out another kind; take it with %s", accessor, e.store, e.accessor()),
+func (g *txUseGuard) WrongAccessor(s *session.Session, accessor string) {
+	g.report.warn(observe.WrongAccessor, s.Consumer, nil,
+		fmt.Sprintf("%s returned no transaction: %T hands out another kind; take it with %s", accessor, g.store, g.accessor),
 		watermill.LogFields{"event_id": s.EventID, "message_uuid": s.Msg.UUID})
 }
 
-// accessor names the transaction accessor that fits the store, by the
+// accessorOf names the transaction accessor that fits store, by the
 // convention of this module's stores: pgxinbox.TxFromContext for a
 // *pgxinbox.Store, inbox.TxFromContext for those on database/sql.
-func (e *engine) accessor() string {
-	t := reflect.TypeOf(e.store)
+func accessorOf(store any) string {
+	t := reflect.TypeOf(store)
 	if t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}

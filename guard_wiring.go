@@ -23,6 +23,11 @@ const poisonReasonKey = "reason_poisoned"
 // that share a fixed consumer, a handler called twice in one transaction, a
 // PoisonQueue inside the inbox.
 type wiringGuard struct {
+	guardDefaults
+	consumer     string // Config.Consumer
+	share        bool   // Config.ShareConsumer
+	logger       watermill.LoggerAdapter
+	report       *reporter
 	fixedHandler atomic.Pointer[string] // the first handler name seen with a fixed Consumer
 	fixed        receivedBy
 }
@@ -65,24 +70,29 @@ func (r *receivedBy) record(eventID, handler string) string {
 	return handler
 }
 
+func newWiringGuard(d guardDeps) guard {
+	return &wiringGuard{consumer: d.config.Consumer, share: d.config.ShareConsumer, logger: d.config.Logger, report: d.report}
+}
+
 // beforeClaim refuses, before any SQL, a message the middleware would
 // handle wrongly because of how it is wired.
-func (g *wiringGuard) beforeClaim(e *engine, msg *message.Message, consumer, eventID string) error {
+func (g *wiringGuard) beforeClaim(v *visit) error {
+	msg, consumer := v.msg, v.consumer
 	// The same message already inside a session: the inner claim would
 	// wait forever on the outer one's row lock, or, under another consumer
 	// name, commit apart from it.
 	if outer := session.From(msg.Context()); outer != nil && outer.Msg == msg {
 		return fmt.Errorf("%w: the inbox wraps this handler twice (consumer %q): keep one of router.AddMiddleware and inbox.Handler", ErrMiswired, outer.Consumer)
 	}
-	if e.config.Consumer == "" || e.config.ShareConsumer {
+	if g.consumer == "" || g.share {
 		return nil
 	}
 	name := message.HandlerNameFromCtx(msg.Context())
 	if name == "" {
 		return nil
 	}
-	if first := g.fixed.record(eventID, name); first != name {
-		return fmt.Errorf("%w: event %s reached handlers %q and %q, which share the fixed consumer %q, so it would run in one only; see docs/wiring.md#consumers", ErrMiswired, errtext.Quote(eventID), first, name, consumer)
+	if first := g.fixed.record(v.eventID, name); first != name {
+		return fmt.Errorf("%w: event %s reached handlers %q and %q, which share the fixed consumer %q, so it would run in one only; see docs/wiring.md#consumers", ErrMiswired, errtext.Quote(v.eventID), first, name, consumer)
 	}
 	first := g.fixedHandler.Load()
 	if first == nil {
@@ -90,8 +100,8 @@ func (g *wiringGuard) beforeClaim(e *engine, msg *message.Message, consumer, eve
 		g.fixedHandler.CompareAndSwap(nil, &claimed)
 		first = g.fixedHandler.Load()
 	}
-	if *first != name && e.once.first("fixed consumer", consumer) {
-		e.warn(observe.SharedConsumer, consumer, nil, ErrMiswired,
+	if *first != name {
+		g.report.warn(observe.SharedConsumer, consumer, v.ob,
 			"two handler names share the fixed consumer: an event reaching both runs in one only, and is refused when seen; give each its own Consumer, or set ShareConsumer",
 			watermill.LogFields{"handlers": *first + ", " + name})
 	}
@@ -100,7 +110,8 @@ func (g *wiringGuard) beforeClaim(e *engine, msg *message.Message, consumer, eve
 
 // afterHandler looks, after the handler chain returned success, for
 // middlewares inside the inbox that repeated or swallowed a handler call.
-func (g *wiringGuard) afterHandler(e *engine, s *session.Session, poisonedBefore string) error {
+func (g *wiringGuard) afterHandler(v *visit) error {
+	s := v.s
 	if n := s.Calls(); n > 1 {
 		return errCalledTwice(s, n)
 	}
@@ -108,11 +119,12 @@ func (g *wiringGuard) afterHandler(e *engine, s *session.Session, poisonedBefore
 	// success: committing would keep the failed attempt's writes and the
 	// claim, and the event could never be replayed from the poison queue.
 	// Rolling back instead is what PoisonQueue outside the inbox does.
-	if reason := s.Msg.Metadata.Get(poisonReasonKey); reason != "" && reason != poisonedBefore {
-		e.config.Logger.Error("Inbox: a PoisonQueue inside the inbox took this message: rolled back and acked; put PoisonQueue outside the inbox", ErrMiswired, watermill.LogFields{
+	if reason := s.Msg.Metadata.Get(poisonReasonKey); reason != "" && reason != v.poisoned {
+		v.ob.Outcome = observe.Miswired
+		g.logger.Error("Inbox: a PoisonQueue inside the inbox took this message: rolled back and acked; put PoisonQueue outside the inbox", ErrMiswired, watermill.LogFields{
 			"consumer": s.Consumer, "event_id": s.EventID, "message_uuid": s.Msg.UUID, "reason_poisoned": reason,
 		})
-		return errRollBackAndAck
+		return errAck
 	}
 	return nil
 }

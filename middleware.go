@@ -101,10 +101,12 @@ type Config struct {
 	StaleEvents StalePolicy
 
 	// Logger receives a debug line per duplicate, failed after-commit
-	// hooks, and, once per kind and consumer at error level, the warnings
-	// about wiring only visible at run time, refused messages and failed
-	// handlers. Pass the router's logger.
-	// Defaults to [watermill.NopLogger].
+	// hooks, and, once per kind and consumer, refused messages and failed
+	// handlers, at error level; and the warnings about wiring only visible
+	// at run time, once per consumer at info level as "Inbox: warning:
+	// ...": Watermill's loggers have no warning level, and a suspicion is
+	// not an error. Pass the router's logger. Defaults to
+	// [watermill.NopLogger].
 	Logger watermill.LoggerAdapter
 }
 
@@ -174,16 +176,7 @@ func NewMiddleware(config Config) (message.HandlerMiddleware, error) {
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("inbox: invalid config: %w", err)
 	}
-	e := &engine{
-		config:    config,
-		store:     config.Store,
-		observers: flatten(config.Observer),
-		lease:     newLeaseGuard(config.Store),
-	}
-	if checker, ok := config.Store.(inboxdriver.EventIDChecker); ok {
-		e.checkID = checker.CheckEventID
-	}
-	return e.middleware, nil
+	return newEngine(config).middleware, nil
 }
 
 // validateName checks a consumer or service name: printable UTF-8, at most

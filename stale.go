@@ -65,31 +65,48 @@ const (
 	StaleSkip
 )
 
-// stale applies the stale-event policy; stop means the message goes no
-// further, with err as its result.
-func (e *engine) stale(msg *message.Message, consumer, eventID string, ob *observe.Observation) (stop bool, err error) {
-	at, ok := e.config.EventTime(msg)
+// staleGuard applies [Config.StaleEvents] to events older than
+// [Config.MaxEventAge], before any SQL.
+type staleGuard struct {
+	guardDefaults
+	maxAge    time.Duration
+	eventTime EventTimeFunc
+	policy    StalePolicy
+	logger    watermill.LoggerAdapter
+}
+
+func newStaleGuard(d guardDeps) guard {
+	if d.config.MaxEventAge <= 0 {
+		return guardDefaults{}
+	}
+	return &staleGuard{maxAge: d.config.MaxEventAge, eventTime: d.config.EventTime, policy: d.config.StaleEvents, logger: d.config.Logger}
+}
+
+// beforeClaim applies the policy to a stale event.
+func (g *staleGuard) beforeClaim(v *visit) error {
+	msg, consumer, eventID, ob := v.msg, v.consumer, v.eventID, v.ob
+	at, ok := g.eventTime(msg)
 	if !ok || at.IsZero() {
-		return false, nil
+		return nil
 	}
 	age := time.Since(at)
-	if age <= e.config.MaxEventAge {
-		return false, nil
+	if age <= g.maxAge {
+		return nil
 	}
 	ob.Stale = true
 	fields := watermill.LogFields{
 		"consumer": consumer, "event_id": eventID, "message_uuid": msg.UUID,
-		"event_time": at, "age": age.String(), "max_event_age": e.config.MaxEventAge.String(),
+		"event_time": at, "age": age.String(), "max_event_age": g.maxAge.String(),
 	}
-	switch e.config.StaleEvents {
+	switch g.policy {
 	case StaleReject:
 		ob.Outcome = observe.Stale
-		return true, fmt.Errorf("%w: event %s for consumer %q is %s old, MaxEventAge is %s", ErrStaleEvent, errtext.Quote(eventID), consumer, age.Round(time.Second), e.config.MaxEventAge)
+		return fmt.Errorf("%w: event %s for consumer %q is %s old, MaxEventAge is %s", ErrStaleEvent, errtext.Quote(eventID), consumer, age.Round(time.Second), g.maxAge)
 	case StaleSkip:
 		ob.Outcome = observe.Stale
-		e.config.Logger.Error("Inbox: stale event skipped, the handler was not called; if it was never processed, its effect is missing", ErrStaleEvent, fields)
-		return true, nil
+		g.logger.Error("Inbox: stale event skipped, the handler was not called; if it was never processed, its effect is missing", ErrStaleEvent, fields)
+		return errAck
 	}
-	e.config.Logger.Info("Inbox: warning: stale event processed; its row may have been purged, so it may be an undetected duplicate", fields)
-	return false, nil
+	g.logger.Info("Inbox: warning: stale event processed; its row may have been purged, so it may be an undetected duplicate", fields)
+	return nil
 }

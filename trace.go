@@ -33,7 +33,7 @@ func (e *engine) traced(h message.HandlerFunc, msg *message.Message) ([]*message
 // trace logs line with err once per kind and consumer.
 func (e *engine) trace(msg *message.Message, kind string, err error, line string) {
 	consumer, _ := e.consumer(msg.Context())
-	if !e.once.first("trace/"+kind, consumer) {
+	if !e.report.first("trace/"+kind, consumer) {
 		return
 	}
 	e.config.Logger.Error(line+"; logged once per kind and consumer", err, watermill.LogFields{

@@ -2,6 +2,7 @@ package inboxdriver
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -82,9 +83,21 @@ type ConsumerRegistry interface {
 	Heartbeat(ctx context.Context, h Heartbeat) (others []string, err error)
 }
 
+// ErrNoLease is wrapped by a [ConsumerRegistry.Heartbeat] error that only a
+// migration or a grant mends (the lease table missing, or the role not
+// allowed to write it), so that the middleware tries again rarely rather
+// than at every renewal.
+var ErrNoLease = errors.New("no lease table the role may write")
+
 // LeaseTTL is how long the middleware's lease on a consumer lives after its
 // last renewal: a process that stopped claiming is forgotten after it.
 const LeaseTTL = time.Minute
+
+// LeaseRenewal is how often the middleware renews a lease while its
+// process claims: a lease renewed within it (and a little more) belongs to
+// a process claiming now, and one renewed at least once after its first
+// renewal to a process that lasts, not a short test run.
+const LeaseRenewal = 20 * time.Second
 
 // Heartbeat is one renewal of a process's lease on a consumer.
 type Heartbeat struct {

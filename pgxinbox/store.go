@@ -38,9 +38,9 @@ type Store struct {
 	// consumerArg is the claim's first argument, converted once.
 	consumerArg maintenance.ConsumerArg
 
-	mu       sync.Mutex  // serialises the layout check
-	verified atomic.Bool // set by the first claim that succeeds
-	gate     poolgate.Gate
+	mu       sync.Mutex     // serialises the layout check
+	verified atomic.Bool    // set by the first claim that succeeds
+	gate     *poolgate.Gate // the pool's, shared by every store on it
 }
 
 var (
@@ -82,7 +82,7 @@ func NewStore(pool *pgxpool.Pool, config sqlinbox.Config) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	return &Store{sql: s, db: db, pool: pool, maxConns: maxConns, claim: s.Maintenance().ClaimSQL()}, nil
+	return &Store{sql: s, db: db, pool: pool, maxConns: maxConns, claim: s.Maintenance().ClaimSQL(), gate: poolgate.For(pool)}, nil
 }
 
 // poolSize is the pool's MaxConns.
@@ -104,8 +104,14 @@ func (s *Store) SchemaSQL() string { return s.sql.SchemaSQL() }
 func (s *Store) LeaseTable() string { return s.sql.LeaseTable() }
 
 // Heartbeat implements [inboxdriver.ConsumerRegistry] as
-// [sqlinbox.Store.Heartbeat] does, on a connection of the pool.
+// [sqlinbox.Store.Heartbeat] does, on a connection of the pool, which it
+// waits for at the pool's gate as a claim does.
 func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
+	ticket, err := s.gate.Enter(ctx, s.poolSize)
+	if err != nil {
+		return nil, fmt.Errorf("pgxinbox: waiting for a connection the claims leave free: %w", err)
+	}
+	defer ticket.Leave()
 	return s.sql.Heartbeat(ctx, h)
 }
 

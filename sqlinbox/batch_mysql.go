@@ -21,11 +21,13 @@ import (
 // a batch waits for no other batch's claims, and for at most
 // [Config.ClaimTimeout] (else innodb_lock_wait_timeout) for the lock.
 func (mysqlDialect) batchQueries(t tableName, c Config, _ queries) batchQueries {
-	row := "(?, ?)"
+	// processed_at written as the single claim writes it, in UTC whatever
+	// the session's time zone.
+	row := "(?, ?, UTC_TIMESTAMP(6))"
 	if c.UUIDEventIDs {
-		row = "(?, UNHEX(REPLACE(?, '-', '')))"
+		row = "(?, UNHEX(REPLACE(?, '-', '')), UTC_TIMESTAMP(6))"
 	}
-	head := fmt.Sprintf("INSERT INTO %s (consumer, event_id) VALUES ", t.quoted('`'))
+	head := fmt.Sprintf("INSERT INTO %s (consumer, event_id, processed_at) VALUES ", t.quoted('`'))
 	if c.ClaimTimeout > 0 {
 		head = fmt.Sprintf("SET STATEMENT innodb_lock_wait_timeout=%d FOR %s", int64((c.ClaimTimeout+time.Second-1)/time.Second), head)
 	}

@@ -29,6 +29,8 @@ func (postgresql) batchQueries(t tableName, c Config, _ queries) batchQueries {
 	if idTime {
 		cols, sel, row, alias = cols+", event_time", sel+", v.at", "($%d::text, $%d::timestamptz)", "v(id, at)"
 	}
+	// processed_at written as the single claim writes it (pgClaimSQL).
+	cols, sel = cols+", processed_at", sel+", now()"
 	perRow := 1
 	if idTime {
 		perRow = 2

@@ -39,6 +39,7 @@ func ExampleStore_SchemaSQL() {
 	// 	service  text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
 	// 	instance text        NOT NULL CHECK (octet_length(instance) BETWEEN 1 AND 255),
 	// 	seen_at  timestamptz NOT NULL DEFAULT now(),
+	// 	since    timestamptz NOT NULL DEFAULT now(),
 	// 	warnings text        NOT NULL DEFAULT '',
 	// 	PRIMARY KEY (consumer, service, instance)
 	// );

@@ -9,6 +9,10 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
+// heartbeatTimeout bounds a heartbeat's statements, once it has its
+// connection: the message that renews the lease waits for them.
+const heartbeatTimeout = 5 * time.Second
+
 // leaseSuffix names the lease table beside the inbox table:
 // "watermill_inbox_leases".
 const leaseSuffix = "leases"
@@ -24,7 +28,8 @@ type leaseQueries struct {
 	// create makes the table; [Store.CreateSchema] and [Store.SchemaSQL]
 	// end with it.
 	create string
-	// renew upserts (consumer, service, instance, warnings) as seen now;
+	// renew upserts (consumer, service, instance, warnings) as seen now,
+	// since now for a new row;
 	// others lists the services other than $2 with a lease on consumer $1
 	// seen within $3 seconds; expire removes consumer $1's leases not seen
 	// for a day.
@@ -44,14 +49,15 @@ func (postgresql) leases(t tableName) leaseQueries {
 	service  text        NOT NULL CHECK (octet_length(service) BETWEEN 1 AND 255),
 	instance text        NOT NULL CHECK (octet_length(instance) BETWEEN 1 AND 255),
 	seen_at  timestamptz NOT NULL DEFAULT now(),
+	since    timestamptz NOT NULL DEFAULT now(),
 	warnings text        NOT NULL DEFAULT '',
 	PRIMARY KEY (consumer, service, instance)
 )`, table),
-		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, warnings) VALUES ($1, $2, $3, now(), $4)
+		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, since, warnings) VALUES ($1, $2, $3, now(), now(), $4)
 ON CONFLICT (consumer, service, instance) DO UPDATE SET seen_at = excluded.seen_at, warnings = excluded.warnings`, table),
 		others: fmt.Sprintf(`SELECT DISTINCT service FROM %s WHERE consumer = $1 AND service <> $2 AND seen_at > now() - $3 * interval '1 second' ORDER BY service`, table),
 		expire: fmt.Sprintf(`DELETE FROM %s WHERE consumer = $1 AND seen_at < now() - interval '1 day'`, table),
-		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, extract(epoch FROM now() - seen_at)::float8 FROM %s ORDER BY consumer, service, instance`, table),
+		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, extract(epoch FROM now() - seen_at)::float8, extract(epoch FROM seen_at - since)::float8 FROM %s ORDER BY consumer, service, instance`, table),
 		drop:   `DROP TABLE IF EXISTS ` + table,
 	}
 }
@@ -65,14 +71,15 @@ func (mysqlDialect) leases(t tableName) leaseQueries {
 			"\tservice  VARBINARY(255) NOT NULL,\n"+
 			"\tinstance VARBINARY(255) NOT NULL,\n"+
 			"\tseen_at  DATETIME(6)    NOT NULL,\n"+
+			"\tsince    DATETIME(6)    NOT NULL,\n"+
 			"\twarnings VARBINARY(255) NOT NULL DEFAULT '',\n"+
 			"\tPRIMARY KEY (consumer, service, instance)\n"+
 			") ENGINE=InnoDB", table),
-		renew: fmt.Sprintf("INSERT INTO %s (consumer, service, instance, seen_at, warnings) VALUES (?, ?, ?, UTC_TIMESTAMP(6), ?)\n"+
+		renew: fmt.Sprintf("INSERT INTO %s (consumer, service, instance, seen_at, since, warnings) VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?)\n"+
 			"ON DUPLICATE KEY UPDATE seen_at = VALUES(seen_at), warnings = VALUES(warnings)", table),
 		others: fmt.Sprintf("SELECT DISTINCT service FROM %s WHERE consumer = ? AND service <> ? AND seen_at > UTC_TIMESTAMP(6) - INTERVAL ? SECOND ORDER BY service", table),
 		expire: fmt.Sprintf("DELETE FROM %s WHERE consumer = ? AND seen_at < UTC_TIMESTAMP(6) - INTERVAL 1 DAY", table),
-		list:   fmt.Sprintf("SELECT consumer, service, instance, warnings, TIMESTAMPDIFF(MICROSECOND, seen_at, UTC_TIMESTAMP(6)) / 1000000.0 FROM %s ORDER BY consumer, service, instance", table),
+		list:   fmt.Sprintf("SELECT consumer, service, instance, warnings, TIMESTAMPDIFF(MICROSECOND, seen_at, UTC_TIMESTAMP(6)) / 1000000.0, TIMESTAMPDIFF(MICROSECOND, since, seen_at) / 1000000.0 FROM %s ORDER BY consumer, service, instance", table),
 		drop:   "DROP TABLE IF EXISTS " + table,
 	}
 }
@@ -86,14 +93,15 @@ func (sqlite) leases(t tableName) leaseQueries {
 	service  TEXT NOT NULL CHECK (length(CAST(service AS BLOB)) BETWEEN 1 AND 255),
 	instance TEXT NOT NULL CHECK (length(CAST(instance AS BLOB)) BETWEEN 1 AND 255),
 	seen_at  TEXT NOT NULL,
+	since    TEXT NOT NULL,
 	warnings TEXT NOT NULL DEFAULT '',
 	PRIMARY KEY (consumer, service, instance)
 ) WITHOUT ROWID`, table),
-		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, warnings) VALUES (?, ?, ?, %s, ?)
-ON CONFLICT (consumer, service, instance) DO UPDATE SET seen_at = excluded.seen_at, warnings = excluded.warnings`, table, now),
+		renew: fmt.Sprintf(`INSERT INTO %s (consumer, service, instance, seen_at, since, warnings) VALUES (?, ?, ?, %s, %s, ?)
+ON CONFLICT (consumer, service, instance) DO UPDATE SET seen_at = excluded.seen_at, warnings = excluded.warnings`, table, now, now),
 		others: fmt.Sprintf(`SELECT DISTINCT service FROM %s WHERE consumer = ? AND service <> ? AND julianday(seen_at) > julianday('now') - ? / 86400.0 ORDER BY service`, table),
 		expire: fmt.Sprintf(`DELETE FROM %s WHERE consumer = ? AND julianday(seen_at) < julianday('now') - 1`, table),
-		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, (julianday('now') - julianday(seen_at)) * 86400.0 FROM %s ORDER BY consumer, service, instance`, table),
+		list:   fmt.Sprintf(`SELECT consumer, service, instance, warnings, (julianday('now') - julianday(seen_at)) * 86400.0, (julianday(seen_at) - julianday(since)) * 86400.0 FROM %s ORDER BY consumer, service, instance`, table),
 		drop:   `DROP TABLE IF EXISTS ` + table,
 	}
 }
@@ -107,8 +115,18 @@ func (s *Store) LeaseTable() string { return s.table.derived(leaseSuffix).String
 // Heartbeat implements [inboxdriver.ConsumerRegistry]: it renews h's lease
 // and lists the other services with a live lease on h.Consumer. Statements
 // outside any transaction, so that the list sees the leases of services
-// that renewed concurrently.
+// that renewed concurrently. It waits for its connection at the pool's
+// gate, as a claim does: on a pool of one, behind the claim holding the
+// only connection rather than in the pool's queue, where it would be taken
+// for a handler waiting for itself ([Store.watchPoolOfOne]).
 func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
+	ticket, err := s.gate.Enter(ctx, s.poolSize)
+	if err != nil {
+		return nil, fmt.Errorf("sqlinbox: waiting for a connection the claims leave free: %w", err)
+	}
+	defer ticket.Leave()
+	ctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
+	defer cancel()
 	q := s.q.leases
 	if h.First {
 		if _, err := s.db.ExecContext(ctx, q.expire, h.Consumer); err != nil {
@@ -137,20 +155,17 @@ func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]strin
 	return others, nil
 }
 
-// leaseErr names the lease table and what to run when it is missing.
-func (s *Store) leaseErr(err error) error {
-	return fmt.Errorf("sqlinbox: renewing a lease in %s (Store.CreateSchema creates it): %w", s.LeaseTable(), s.dialectErr(s.dialect.classify(err)))
-}
-
 // Leases implements [maintenance.Store]. A table made before the lease
-// table has none: no lease, not an error, so that inbox check reports the
-// missing table through its columns check instead of failing here.
+// table has none: an error wrapping [maintenance.ErrNoLeaseTable], with the
+// statement that creates it.
 func (m maintainer) Leases(ctx context.Context) ([]maintenance.Lease, error) {
 	s := m.s
 	rows, err := s.db.QueryContext(ctx, s.q.leases.list)
 	if err != nil {
-		if exists, cerr := m.leaseTableExists(ctx); cerr == nil && !exists {
-			return nil, nil
+		// A role not granted the table may not see it in the catalog
+		// either: it is not missing.
+		if exists, cerr := m.leaseTableExists(ctx); !s.readOnly(err) && cerr == nil && !exists {
+			return nil, fmt.Errorf("%w: %s, so the shared consumer check is off; create it as the schema's owner:\n%s;", maintenance.ErrNoLeaseTable, s.LeaseTable(), s.q.leases.create)
 		}
 		return nil, m.fail("reading the leases", err)
 	}
@@ -158,11 +173,12 @@ func (m maintainer) Leases(ctx context.Context) ([]maintenance.Lease, error) {
 	var leases []maintenance.Lease
 	for rows.Next() {
 		var l maintenance.Lease
-		var age float64
-		if err := rows.Scan(&l.Consumer, &l.Service, &l.Instance, &l.Warnings, &age); err != nil {
+		var age, claiming float64
+		if err := rows.Scan(&l.Consumer, &l.Service, &l.Instance, &l.Warnings, &age, &claiming); err != nil {
 			return nil, m.fail("reading the leases", err)
 		}
 		l.Age = time.Duration(age * float64(time.Second))
+		l.Claiming = time.Duration(claiming * float64(time.Second))
 		leases = append(leases, l)
 	}
 	if err := rows.Err(); err != nil {

@@ -10,18 +10,6 @@ import (
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 )
 
-// Maintenance returns the store's maintenance seam, for package [purge] and
-// the inbox command; its type is internal to this module and may change in
-// any release.
-//
-// [purge]: https://pkg.go.dev/github.com/watermill-inbox/inbox/purge
-func (s *Store) Maintenance() maintenance.Store {
-	if s == nil {
-		return nil
-	}
-	return maintainer{s}
-}
-
 // maintainer implements [maintenance.Store] with the store's dialect.
 type maintainer struct{ s *Store }
 
@@ -177,15 +165,6 @@ func (m maintainer) queries() (maintenanceQueries, error) {
 }
 
 func (m maintainer) fail(doing string, err error) error { return m.s.maintenanceErr(doing, err) }
-
-// maintenanceErr wraps err for a maintenance operation on the table,
-// marking refused writes with [maintenance.ErrReadOnly].
-func (s *Store) maintenanceErr(doing string, err error) error {
-	if md, ok := s.dialect.(maintenanceDialect); ok && md.readOnly(err) {
-		return fmt.Errorf("sqlinbox: %s %s: %w: %w", doing, s.table, maintenance.ErrReadOnly, err)
-	}
-	return fmt.Errorf("sqlinbox: %s %s: %w", doing, s.table, s.dialect.classify(err))
-}
 
 // checkLayout refuses a PostgreSQL table partitioned otherwise than the
 // configuration says, as the claim and the purge do.

@@ -136,6 +136,10 @@ type purgeSession struct {
 	q    purgeQueries
 	conn *sql.Conn
 	lock purgeLock
+	// yield gives conn back to the pool after each batch: on a pool of
+	// one (SQLite), a round holding the only connection would make every
+	// claim wait for the whole round instead of one short batch.
+	yield bool
 }
 
 var _ maintenance.PurgeSession = (*purgeSession)(nil)
@@ -159,6 +163,7 @@ func (s *Store) beginPurge(ctx context.Context) (*purgeSession, *maintenance.Bus
 		return nil, busy, nil
 	}
 	p := &purgeSession{s: s, pd: pd, q: pd.purgeQueries(s.table, s.config), lock: lock}
+	p.yield = lock == nil && s.db.Stats().MaxOpenConnections == 1
 	if p.conn, err = s.db.Conn(ctx); err != nil {
 		_ = p.Close()
 		return nil, nil, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
@@ -214,6 +219,11 @@ func (p *purgeSession) DeleteBatch(ctx context.Context, scope maintenance.PurgeS
 	if err := p.checkLock(ctx); err != nil {
 		return 0, err
 	}
+	release, err := p.hold(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	attempt := func() (int64, error) { return p.deleteBatch(ctx, scope, limit, timeout) }
 	if p.q.waitForBatch != nil {
 		return p.q.waitForBatch(ctx, p.conn, attempt)
@@ -294,8 +304,30 @@ func (p *purgeSession) deleteByKeys(ctx context.Context, scope maintenance.Purge
 	return n, nil
 }
 
+// hold makes sure the session holds a connection for one batch, and
+// returns what gives it back when the session yields it between batches.
+func (p *purgeSession) hold(ctx context.Context) (release func(), err error) {
+	if !p.yield {
+		return func() {}, nil
+	}
+	if p.conn == nil {
+		if p.conn, err = p.s.db.Conn(ctx); err != nil {
+			return nil, fmt.Errorf("sqlinbox: purge of %s: %w", p.s.table, err)
+		}
+	}
+	return func() {
+		_ = p.conn.Close()
+		p.conn = nil
+	}, nil
+}
+
 // CountExpired implements [maintenance.PurgeSession].
 func (p *purgeSession) CountExpired(ctx context.Context, scope maintenance.PurgeScope) (map[string]int64, error) {
+	release, err := p.hold(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	rows, err := p.conn.QueryContext(ctx, p.q.countExpired(shapeOf(scope)), scopeArgs(scope)...)
 	if err != nil {
 		return nil, p.fail(ctx, "counting expired rows of", err)

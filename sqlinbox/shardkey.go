@@ -53,21 +53,3 @@ func (s *Store) CheckShardKeys(keyed bool) error {
 	}
 	return nil
 }
-
-// checkShardKey refuses a claim's shard key that the table cannot store
-// where every copy of the event would find it: a missing one would put
-// every claim on the shard of the empty key, away from the handler's rows.
-func (s *Store) checkShardKey(key string) error {
-	col := s.config.ShardKeyColumn
-	switch {
-	case col == "" && key != "":
-		return fmt.Errorf("%w: %s has no shard key column; set sqlinbox.Config.ShardKeyColumn, or no shard key", ErrShardKey, s.table)
-	case col == "":
-		return nil
-	case key == "":
-		return fmt.Errorf("%w: %s stores a shard key in column %s and the claim has none; set inbox.Config.ShardKey", ErrShardKey, s.table, col)
-	case len(key) > MaxShardKeyLength:
-		return fmt.Errorf("%w: %d bytes, longer than %d", ErrShardKey, len(key), MaxShardKeyLength)
-	}
-	return nil
-}

@@ -2,6 +2,7 @@ package sqlinbox
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"strings"
@@ -75,8 +76,11 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 		return s.createSchemaPostgres(ctx)
 	}
 	if !s.q.schemaInTx {
-		for _, stmt := range s.q.schema {
+		for i, stmt := range s.q.schema {
 			if _, err := s.db.ExecContext(ctx, stmt); err != nil {
+				if i == len(s.q.schema)-1 && s.leaseNotCreated(err) {
+					return nil
+				}
 				return fmt.Errorf("sqlinbox: creating schema for %s: %w", s.table, s.dialectErr(err))
 			}
 		}
@@ -160,9 +164,44 @@ func (s *Store) createMissing(ctx context.Context) error {
 		if *exists[i].(*bool) {
 			continue
 		}
+		if i == len(s.q.schema)-1 { // the lease table's
+			return s.createLeaseTablePostgres(ctx, tx, stmt)
+		}
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return pgDDLErr(err)
 		}
 	}
 	return tx.Commit()
+}
+
+// createLeaseTablePostgres creates the lease table last in tx, and commits:
+// a role that may not create it (PostgreSQL 15's default for a role that
+// does not own the schema, upgrading a schema made before the lease table)
+// still gets the rest.
+func (s *Store) createLeaseTablePostgres(ctx context.Context, tx *sql.Tx, stmt string) error {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT inbox_leases"); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, stmt); err != nil {
+		if !s.leaseNotCreated(err) {
+			return pgDDLErr(err)
+		}
+		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT inbox_leases"); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// leaseNotCreated reports whether err is the role refused the lease
+// table's creation, and if so says so: the middleware then runs without
+// the shared consumer check, and inbox check fails until the table exists.
+func (s *Store) leaseNotCreated(err error) bool {
+	if !s.readOnly(err) {
+		return false
+	}
+	s.config.Logger.Info("Inbox: warning: the lease table could not be created (no privilege), so the shared consumer check is off; create it as the schema's owner", watermill.LogFields{
+		"table": s.LeaseTable(), "ddl": s.q.leases.create, "reason": err.Error(),
+	})
+	return true
 }

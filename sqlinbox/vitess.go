@@ -40,8 +40,3 @@ func checkVitessTransactionMode(ctx context.Context, db *sql.DB) (vitess bool, e
 	}
 	return true, nil
 }
-
-// onVitess reports whether the store's first claim found Vitess's vtgate.
-// vtgate answers SHOW SESSION STATUS from another connection than the
-// transaction's, so [Store.CountTxWrites] cannot tell there.
-func (s *Store) onVitess() bool { return s.q.vitess != nil && s.q.vitess.Load() }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -71,7 +72,10 @@ func runCheck(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stde
 	} else {
 		fmt.Fprintf(stdout, "ok    table: %s exists\n", store.Table())
 		failed += printFindings(stdout, c.Findings)
-		if leases, err := store.Maintenance().Leases(ctx); err != nil {
+		if leases, err := store.Maintenance().Leases(ctx); errors.Is(err, maintenance.ErrNoLeaseTable) {
+			failed++
+			fmt.Fprintf(stdout, "FAIL  consumers: %v\n", err)
+		} else if err != nil {
 			// A user granted the inbox table only: the rest still checks.
 			fmt.Fprintf(stdout, "-     consumers: not checked: %v\n", err)
 		} else {

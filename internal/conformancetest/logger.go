@@ -50,3 +50,28 @@ func (l *Logger) Errors() []watermill.CapturedMessage {
 	defer l.mu.Unlock()
 	return append([]watermill.CapturedMessage(nil), l.captured.Captured()[watermill.ErrorLogLevel]...)
 }
+
+// Warnings returns a copy of the warnings logged so far: info lines with a
+// "warning" field, as the middleware logs a suspicion.
+func (l *Logger) Warnings() []watermill.CapturedMessage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return warnings(l.captured.Captured()[watermill.InfoLogLevel])
+}
+
+func warnings(lines []watermill.CapturedMessage) []watermill.CapturedMessage {
+	var out []watermill.CapturedMessage
+	for _, m := range lines {
+		if _, ok := m.Fields["warning"]; ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Infos returns a copy of the lines logged at info level so far.
+func (l *Logger) Infos() []watermill.CapturedMessage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]watermill.CapturedMessage(nil), l.captured.Captured()[watermill.InfoLogLevel]...)
+}

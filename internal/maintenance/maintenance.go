@@ -29,6 +29,12 @@ import (
 // SQLite file opened with mode=ro). Nothing was written.
 var ErrReadOnly = errors.New("the database refused to write")
 
+// ErrNoLeaseTable means the lease table beside the inbox table does not
+// exist (a schema made before it, a role that could not create it): the
+// middleware runs without the shared consumer check. The error carries the
+// statement that creates the table.
+var ErrNoLeaseTable = errors.New("the lease table does not exist")
+
 // Store is an inbox table as its maintenance sees it.
 type Store interface {
 	// Table returns the inbox table's name as configured ("app.inbox").
@@ -69,7 +75,8 @@ type Store interface {
 	// Consumers lists the consumers with claims, sorted.
 	Consumers(ctx context.Context) ([]string, error)
 	// Leases lists the leases of the processes that claim in the table,
-	// sorted by consumer, service and instance.
+	// sorted by consumer, service and instance; without a lease table, an
+	// error wrapping [ErrNoLeaseTable].
 	Leases(ctx context.Context) ([]Lease, error)
 	// Claims lists the claims filter selects, sorted by processed_at,
 	// then event id. It removes nothing.
@@ -94,6 +101,9 @@ type Lease struct {
 	// Age is how long ago the process last renewed it, by the database's
 	// clock.
 	Age time.Duration
+	// Claiming is how long the process had been claiming at its last
+	// renewal: from its first renewal to its last.
+	Claiming time.Duration
 }
 
 // Limits are the longest timeouts a database takes for maintenance

@@ -6,14 +6,46 @@
 // last connection left free, one such handler at a time gets it and the
 // others follow: the misuse is slow, never a deadlock. A pool of one cannot
 // leave one free, and is let through as it is.
+//
+// The gate belongs to the pool, not to a store: two stores (two tables) on
+// one pool each leaving "one" connection free would together leave none.
+// [For] hands every store of a pool the same gate.
 package poolgate
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 )
+
+// gates holds the gate of each pool still in use, by a weak pointer to the
+// pool, so that a pool's gate goes with it.
+var (
+	gatesMu sync.Mutex
+	gates   = map[any]*Gate{}
+)
+
+// For returns pool's gate (pool is a *sql.DB or a *pgxpool.Pool), the
+// same for every caller while pool lives.
+func For[P any](pool *P) *Gate {
+	k := weak.Make(pool)
+	gatesMu.Lock()
+	defer gatesMu.Unlock()
+	if g := gates[k]; g != nil {
+		return g
+	}
+	g := &Gate{}
+	gates[k] = g
+	runtime.AddCleanup(pool, func(k weak.Pointer[P]) {
+		gatesMu.Lock()
+		defer gatesMu.Unlock()
+		delete(gates, k)
+	}, k)
+	return g
+}
 
 // Gate counts the connections a store's claims hold, and makes a claim wait,
 // without holding a connection, while they hold as many as the limit allows.

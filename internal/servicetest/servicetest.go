@@ -56,7 +56,7 @@ func run() error {
 		effects  = flag.String("effects", "", "table (consumer, event_id) the handler inserts into")
 		consumer = flag.String("consumer", "", "inbox.Config.Consumer; empty: the handler name")
 		events   = flag.Int("events", 3, "orders order-0, order-1, ... to consume")
-		pause    = flag.Duration("pause", 0, "after the first order, once the lease table holds this process's lease, how long to wait for the heartbeat to read the others")
+		pause    = flag.Duration("pause", 0, "how long to wait after the first order, for the lease's first heartbeat")
 	)
 	flag.Parse()
 	ctx := context.Background()
@@ -65,7 +65,7 @@ func run() error {
 	if dialect == sqlinbox.PostgreSQL {
 		ph = "$"
 	}
-	store, exec, count, done, err := open(ctx, *driver, *dsn, sqlinbox.Config{Dialect: dialect, Table: *table})
+	store, exec, done, err := open(ctx, *driver, *dsn, sqlinbox.Config{Dialect: dialect, Table: *table})
 	if err != nil {
 		return err
 	}
@@ -114,27 +114,7 @@ func run() error {
 		if err := ps.Publish("orders", msg); err != nil {
 			return err
 		}
-		if i == 0 && *pause > 0 {
-			// The first order started the lease's first heartbeat in the
-			// background: wait for its row, then for its read of the
-			// others, however slow the machine.
-			name := *consumer
-			if name == "" {
-				name = HandlerName
-			}
-			leases := fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE consumer = '%s' AND service = '%s'", store.(interface{ LeaseTable() string }).LeaseTable(), name, serviceName())
-			for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-				n, err := count(ctx, leases)
-				if err != nil {
-					return err
-				}
-				if n > 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					return errors.New("the lease's first heartbeat never wrote its row")
-				}
-			}
+		if i == 0 {
 			time.Sleep(*pause)
 		}
 	}
@@ -145,41 +125,37 @@ func run() error {
 	return json.NewEncoder(os.Stdout).Encode(rep.Report)
 }
 
-// open returns the store on driver, how the handler writes in its
-// transaction, and how to count rows outside it.
-func open(ctx context.Context, driver, dsn string, sc sqlinbox.Config) (inboxdriver.Store, func(ctx context.Context, query string, args ...any) error, func(ctx context.Context, query string) (int, error), func(), error) {
+// open returns the store on driver, and how the handler writes in its
+// transaction.
+func open(ctx context.Context, driver, dsn string, sc sqlinbox.Config) (inboxdriver.Store, func(ctx context.Context, query string, args ...any) error, func(), error) {
 	if driver == "pgxpool" {
 		pool, err := pgxpool.New(ctx, dsn)
 		if err != nil {
-			return nil, nil, nil, nil, err
+			return nil, nil, nil, err
 		}
 		s, err := pgxinbox.NewStore(pool, sc)
 		return s, func(ctx context.Context, query string, args ...any) error {
-				tx, ok := pgxinbox.TxFromContext(ctx)
-				if !ok {
-					return inbox.ErrNotInInbox
-				}
-				_, err := tx.Exec(ctx, query, args...)
-				return err
-			}, func(ctx context.Context, query string) (n int, err error) {
-				return n, pool.QueryRow(ctx, query).Scan(&n)
-			}, pool.Close, err
-	}
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	s, err := sqlinbox.New(db, sc)
-	return s, func(ctx context.Context, query string, args ...any) error {
-			tx, ok := inbox.TxFromContext(ctx)
+			tx, ok := pgxinbox.TxFromContext(ctx)
 			if !ok {
 				return inbox.ErrNotInInbox
 			}
-			_, err := tx.ExecContext(ctx, query, args...)
+			_, err := tx.Exec(ctx, query, args...)
 			return err
-		}, func(ctx context.Context, query string) (n int, err error) {
-			return n, db.QueryRowContext(ctx, query).Scan(&n)
-		}, func() { _ = db.Close() }, err
+		}, pool.Close, err
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	s, err := sqlinbox.New(db, sc)
+	return s, func(ctx context.Context, query string, args ...any) error {
+		tx, ok := inbox.TxFromContext(ctx)
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
+		_, err := tx.ExecContext(ctx, query, args...)
+		return err
+	}, func() { _ = db.Close() }, err
 }
 
 func param(ph string, n int) string {

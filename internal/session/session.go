@@ -23,9 +23,7 @@ type Session struct {
 
 	// Reporter is told, by [As], of a handler asking an accessor for a
 	// transaction of a kind the store does not hand out.
-	Reporter interface {
-		WrongAccessor(s *Session, accessor string)
-	}
+	Reporter Reporter
 
 	mu    sync.Mutex
 	hooks []func(context.Context) error
@@ -35,6 +33,12 @@ type Session struct {
 	wrongKind   atomic.Bool  // the handler asked an accessor of another kind of store
 	txNotNeeded atomic.Bool  // the handler declared it writes nothing in SQL
 	calls       atomic.Int32 // handler calls through inbox.Handler
+}
+
+// Reporter is told of a handler asking an accessor for a transaction of a
+// kind the store does not hand out.
+type Reporter interface {
+	WrongAccessor(s *Session, accessor string)
 }
 
 type key struct{}

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql" // registers "mysql"
+	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	_ "github.com/lib/pq"              // registers "postgres"
 	"github.com/stretchr/testify/require"
@@ -91,6 +93,41 @@ func Open(t testing.TB, driverName, dsn string) *sql.DB {
 // stdlib ("pgx").
 func Postgres(t testing.TB, driverName string) *sql.DB {
 	return Open(t, driverName, PostgresDSN())
+}
+
+// PostgresIfServed is [Postgres] for a package whose other tests need no
+// server (the root package's): see [skipUnlessServed].
+func PostgresIfServed(t testing.TB, driverName string) *sql.DB {
+	t.Helper()
+	u, err := url.Parse(PostgresDSN())
+	require.NoError(t, err)
+	skipUnlessServed(t, "PostgreSQL", u.Host)
+	return Postgres(t, driverName)
+}
+
+// MySQLIfServed is [MySQL] for a package whose other tests need no server:
+// see [skipUnlessServed].
+func MySQLIfServed(t testing.TB) *sql.DB {
+	t.Helper()
+	c, err := mysql.ParseDSN(MySQLDSN())
+	require.NoError(t, err)
+	skipUnlessServed(t, "MySQL", c.Addr)
+	return MySQL(t)
+}
+
+// skipUnlessServed skips t where nothing answers at addr, except under CI
+// (CI set), where test.sh starts every server and a skip would hide a
+// failure.
+func skipUnlessServed(t testing.TB, what, addr string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		return
+	}
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Skipf("no %s answers at %s (./test.sh starts one): %v", what, addr, err)
+	}
+	_ = c.Close()
 }
 
 // Name returns a fresh lowercase identifier starting with prefix, unique

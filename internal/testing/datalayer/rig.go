@@ -37,6 +37,7 @@ import (
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -251,8 +252,8 @@ func (d *Deliveries) Calls(id string) int {
 // UnusedTxReported says whether the middleware logged a handler that
 // succeeded without taking the inbox transaction.
 func (d *Deliveries) UnusedTxReported() bool {
-	for _, m := range d.logs.Captured()[watermill.ErrorLogLevel] {
-		if errors.Is(m.Err, inbox.ErrMiswired) {
+	for _, m := range d.logs.Captured()[watermill.InfoLogLevel] {
+		if m.Fields["warning"] == string(observe.TxUnused) {
 			return true
 		}
 	}
