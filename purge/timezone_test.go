@@ -87,7 +87,8 @@ func pgxStoreAt(t *testing.T, table, zone string) interface {
 	return store
 }
 
-// Claims made by writers whose sessions are in three time zones, purged
+// Claims made by writers whose sessions are in three time zones, one by
+// one and in batches, purged
 // with a 6-hour retention from a session in a fourth: only the rows
 // older than the retention go. The table's processed_at default depends on
 // the writer's session (MariaDB DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6),
@@ -143,6 +144,15 @@ func TestClaimTimesIgnoreWriterSessions(t *testing.T) {
 					require.NoError(t, tx.Commit(ctx))
 					live = append(live, id)
 				}
+				// A batch consumer's claims, written by the multi-row claim.
+				batch, ok := store.(inboxdriver.BatchClaimer)
+				require.True(t, ok, "every store serves batch consumers")
+				ids := []string{fmt.Sprintf("batch-%d-0", i), fmt.Sprintf("batch-%d-1", i)}
+				tx, claimed, err := batch.ClaimBatch(ctx, inboxdriver.BatchClaim{Consumer: "billing", EventIDs: ids})
+				require.NoError(t, err)
+				require.Equal(t, []bool{true, true}, claimed)
+				require.NoError(t, tx.Commit(ctx))
+				live = append(live, ids...)
 			}
 			zt.seed(t, admin, table, "billing", "expired-", 3, 7*time.Hour)
 
