@@ -346,17 +346,19 @@ func (s *Store) CountTxWrites(ctx context.Context, tx inboxdriver.Tx) (int64, bo
 	if !ok || s.claim.TxWrites == "" {
 		return 0, false, nil
 	}
-	// Under a savepoint (a nested pgx.Tx), as sqlinbox counts: a failed
-	// count must not abort the claim's transaction.
-	sp, err := t.Begin(ctx)
-	if err != nil {
-		return 0, false, fmt.Errorf("pgxinbox: counting the transaction's writes: %w", err)
+	// The grant first, as sqlinbox counts: a failed count would abort the
+	// claim's transaction.
+	if s.claim.TxWritesGranted != "" {
+		var granted bool
+		if err := t.QueryRow(ctx, s.claim.TxWritesGranted).Scan(&granted); err != nil {
+			return 0, false, fmt.Errorf("pgxinbox: counting the transaction's writes: %w", err)
+		}
+		if !granted {
+			return 0, false, errors.New("pgxinbox: counting the transaction's writes: SELECT on pg_stat_xact_user_tables is not granted (SQLSTATE 42501)")
+		}
 	}
 	var n *int64
-	if err := sp.QueryRow(ctx, s.claim.TxWrites).Scan(&n); err != nil {
-		return 0, false, fmt.Errorf("pgxinbox: counting the transaction's writes: %w", errors.Join(err, sp.Rollback(ctx)))
-	}
-	if err := sp.Commit(ctx); err != nil {
+	if err := t.QueryRow(ctx, s.claim.TxWrites).Scan(&n); err != nil {
 		return 0, false, fmt.Errorf("pgxinbox: counting the transaction's writes: %w", err)
 	}
 	if n == nil {

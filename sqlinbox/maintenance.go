@@ -42,18 +42,19 @@ func (m maintainer) ClaimSQL() maintenance.ClaimSQL {
 		verify = func(ctx context.Context) error { return s.q.verify(ctx, s.db, s.q) }
 	}
 	return maintenance.ClaimSQL{
-		Before:      s.q.beforeClaim,
-		CheckBefore: s.q.checkBeforeClaim,
-		Insert:      s.q.claim,
-		Args:        s.claimArgs,
-		OnlyIDs:     s.onlyIDs(),
-		Claimed:     s.claimed,
-		After:       s.q.afterClaim,
-		Fingerprint: s.q.fingerprint,
-		Classify:    s.dialect.classify,
-		Verify:      verify,
-		TxWrites:    s.txWritesSQL(),
-		Batch:       s.batchSQL(),
+		Before:          s.q.beforeClaim,
+		CheckBefore:     s.q.checkBeforeClaim,
+		Insert:          s.q.claim,
+		Args:            s.claimArgs,
+		OnlyIDs:         s.onlyIDs(),
+		Claimed:         s.claimed,
+		After:           s.q.afterClaim,
+		Fingerprint:     s.q.fingerprint,
+		Classify:        s.dialect.classify,
+		Verify:          verify,
+		TxWrites:        s.txWritesSQL(),
+		TxWritesGranted: s.txWritesGrantedSQL(),
+		Batch:           s.batchSQL(),
 	}
 }
 

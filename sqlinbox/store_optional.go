@@ -21,25 +21,46 @@ var (
 )
 
 // CountTxWrites implements [inboxdriver.TxWriteCounter] on a transaction of
-// this store.
+// this store. Behind a transaction-pooling proxy it cannot tell: the server
+// backend serves other clients between two transactions and flushes their
+// pending statistics when it likes, so two readings in one transaction
+// may differ by more than its own writes (a false publisher_outside_tx).
 func (s *Store) CountTxWrites(ctx context.Context, tx inboxdriver.Tx) (int64, bool, error) {
 	t, ok := tx.Handle().(*sql.Tx)
 	d, counts := s.dialect.(txWritesDialect)
-	if !ok || !counts || s.onVitess() {
+	if !ok || !counts || s.onVitess() || s.config.TransactionPooling {
 		return 0, false, nil
 	}
-	n, ok, err := underSavepoint(ctx, t, func() (int64, bool, error) { return sumLastColumn(ctx, t, d.txWrites()) })
+	if g, ok := s.dialect.(txWritesGrantDialect); ok {
+		var granted bool
+		if err := t.QueryRowContext(ctx, g.txWritesGranted()).Scan(&granted); err != nil {
+			return 0, false, fmt.Errorf("sqlinbox: counting the transaction's writes: %w", err)
+		}
+		if !granted {
+			return 0, false, fmt.Errorf("sqlinbox: counting the transaction's writes: %w", errTxWritesDenied)
+		}
+	}
+	n, ok, err := sumLastColumn(ctx, t, d.txWrites())
 	if err != nil {
 		return 0, false, fmt.Errorf("sqlinbox: counting the transaction's writes: %w", err)
 	}
 	return n, ok, nil
 }
 
+// txWritesGrantedSQL returns the statement that tells whether
+// [Store.CountTxWrites] may run, "" when it needs no privilege.
+func (s *Store) txWritesGrantedSQL() string {
+	if g, ok := s.dialect.(txWritesGrantDialect); ok {
+		return g.txWritesGranted()
+	}
+	return ""
+}
+
 // txWritesSQL returns the statement [Store.CountTxWrites] runs, for a store
 // that sends it through another driver ([maintenance.ClaimSQL]), "" when the
 // dialect cannot count.
 func (s *Store) txWritesSQL() string {
-	if d, ok := s.dialect.(txWritesDialect); ok {
+	if d, ok := s.dialect.(txWritesDialect); ok && !s.config.TransactionPooling {
 		return d.txWrites()
 	}
 	return ""

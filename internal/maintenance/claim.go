@@ -45,6 +45,10 @@ type ClaimSQL struct {
 	// the current transaction has written, for inboxdriver.TxWriteCounter; ""
 	// when the database cannot count them.
 	TxWrites string
+	// TxWritesGranted, when not "", returns whether the session may run
+	// TxWrites: a statement that cannot fail, so that a missing grant
+	// never aborts the claim's transaction.
+	TxWritesGranted string
 	// Batch is the multi-row claim; its Insert is nil when the table
 	// cannot be claimed in batches.
 	Batch BatchSQL
