@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-inbox/inbox/internal/clock"
 	"github.com/watermill-inbox/inbox/internal/errtext"
 	"github.com/watermill-inbox/inbox/observe"
 )
@@ -89,7 +90,7 @@ func (g *staleGuard) beforeClaim(v *visit) error {
 	if !ok || at.IsZero() {
 		return nil
 	}
-	age := time.Since(at)
+	age := clock.Now().Sub(at)
 	if age <= g.maxAge {
 		return nil
 	}

@@ -11,12 +11,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/observe"
 )
 
 func timedMsg(age time.Duration) *message.Message {
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	msg.Metadata.Set("event_time", time.Now().Add(-age).Format(time.RFC3339Nano))
+	msg.Metadata.Set("event_time", testdb.Now().Add(-age).Format(time.RFC3339Nano))
 	return msg
 }
 

@@ -28,6 +28,7 @@ why_install() {
 	prometheus) echo "its promtool checks and unit-tests the alerting rules (its server is not started)" ;;
 	galera-4) echo "the Galera tests start a three-node MariaDB Galera cluster of their own with it" ;;
 	rsync) echo "a Galera node that joins its cluster copies the data with it" ;;
+	libfaketime) echo "the date matrix (internal/testing/dates) runs the time-sensitive tests against servers whose clock it sets to chosen dates" ;;
 	*) echo "the tests start a throwaway server from it where none answers${2:+ (at \$$2, or on its usual local port)}" ;;
 	esac
 }
@@ -87,6 +88,14 @@ install_galera() {
 	[ -e /usr/lib/galera/libgalera_smm.so ] || apt_install galera-4
 	has rsync || apt_install rsync
 }
+# install_dates installs what the date matrix (internal/testing/dates)
+# runs: libfaketime, and the PostgreSQL and MariaDB servers it starts at
+# chosen dates, even where servers already answer on the usual ports.
+install_dates() {
+	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || apt_install libfaketime
+	[ -n "$(pg_bin)" ] || apt_install postgresql INBOX_TEST_POSTGRES_DSN
+	has mariadbd || apt_install mariadb-server INBOX_TEST_MYSQL_DSN
+}
 # install_missing installs the Debian package of every server binary that is
 # missing, and promtool.
 install_missing() {
@@ -98,6 +107,7 @@ install_missing() {
 	has redis-server || apt_install redis-server INBOX_TEST_REDIS_ADDR
 	install_patroni
 	install_galera
+	install_dates
 	install_promtool
 }
 if [ "${1:-}" = --install ]; then
@@ -105,10 +115,11 @@ if [ "${1:-}" = --install ]; then
 	exit 0
 fi
 # promtool, for the alerting rules' tests, Patroni with etcd, for the
-# failover tests, and Galera, for the multi-primary tests: installed here
+# failover tests, Galera, for the multi-primary tests, and libfaketime, for
+# the date matrix: installed here
 # when missing, as the servers below; without root, the tests say how to get
 # them.
-[ "$(id -u)" != 0 ] || [ "${1:-}" = --lint ] || { install_promtool; install_patroni; install_galera; }
+[ "$(id -u)" != 0 ] || [ "${1:-}" = --lint ] || { install_promtool; install_patroni; install_galera; install_dates; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/inbox-test.XXXXXX")
 chmod 755 "$work"
@@ -585,6 +596,9 @@ if [ $# -eq 0 ]; then
 		step "go vet in module $m" in_dir "$m" go vet "${pkgs[@]}"
 		step "go test in module $m" in_dir "$m" go test -race -count=1 ./...
 	done
+	# The time-sensitive tests again, at fixed dates and zones (a month's
+	# last and first day, 31 December, a DST change, 29 February).
+	step "the date matrix" internal/testing/dates/run.sh
 	# The README's first command: it must keep working with no server at all.
 	step "example quickstart" quiet in_module run ./_examples/quickstart
 	# The PostgreSQL example, twice at once: each run has tables of its own.

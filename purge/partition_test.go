@@ -198,7 +198,7 @@ func TestMoveBlockedKeepsClaims(t *testing.T) {
 	t.Parallel()
 	b := setup(t, postgres, func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Daily })
 	partition, within := testdb.BlockLastTimePartition(t, b.db, b.table)
-	b.seed(t, "billing", "ahead-", 5, -time.Until(within)) // rows of the dropped period: in the default partition
+	b.seed(t, "billing", "ahead-", 5, testdb.Now().Sub(within)) // rows of the dropped period: in the default partition
 	_, err := b.db.Exec(`ALTER TABLE ` + b.table + ` ADD COLUMN fingerprint bytea`)
 	require.NoError(t, err)
 	_, err = b.db.Exec(`UPDATE ` + b.table + ` SET fingerprint = '\x01'`)

@@ -2,6 +2,7 @@ package sqlinbox_test
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/oklog/ulid"
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
@@ -75,7 +77,7 @@ func TestEventIDTimeClaims(t *testing.T) {
 				partition string
 			}{
 				{testdb.UUIDv7(now, "a"), dayPartition(table, now)},
-				{watermill.NewULID(), dayPartition(table, time.Now())},
+				{ulid.MustNew(ulid.Timestamp(now), rand.Reader).String(), dayPartition(table, now)}, // a ULID, as watermill.NewULID makes
 				{testdb.UUIDv7(ahead, "skewed"), dayPartition(table, ahead)},
 			} {
 				require.True(t, claimOnce(t, store, "billing", tc.id), tc.id)
@@ -203,7 +205,7 @@ func TestPartitionKeyMustMatchTheTable(t *testing.T) {
 		c.PartitionKey = 1 - made
 		other, err := sqlinbox.New(db, c)
 		require.NoError(t, err)
-		_, _, err = other.Claim(context.Background(), inboxdriver.Claim{Consumer: "billing", EventID: testdb.UUIDv7(time.Now(), "x")})
+		_, _, err = other.Claim(context.Background(), inboxdriver.Claim{Consumer: "billing", EventID: testdb.UUIDv7(testdb.Now(), "x")})
 		require.ErrorContains(t, err, fmt.Sprintf("is partitioned by RANGE (%s) but Config.PartitionKey is %s", made, 1-made))
 		check, err := other.Maintenance().Check(context.Background(), 0)
 		require.NoError(t, err)
@@ -235,7 +237,7 @@ func TestEventIDTimeFingerprintTimeoutForget(t *testing.T) {
 		c.Fingerprints, c.ClaimTimeout, c.UUIDEventIDs = true, 100*time.Millisecond, true
 	})
 	ctx := context.Background()
-	id := testdb.UUIDv7(time.Now(), "fp")
+	id := testdb.UUIDv7(testdb.Now(), "fp")
 	tx, stored, err := store.Claim(ctx, inboxdriver.Claim{Consumer: "billing", EventID: id, Fingerprint: []byte("v1")})
 	require.NoError(t, err)
 	require.Nil(t, stored)

@@ -244,7 +244,7 @@ func oddSessionScenario(t *testing.T, c sessionCase) {
 	// month sits in the current month's partition, which no purge drops
 	// until the month is over, while one dated before the month lies in
 	// the default partition, whose expired rows the purge deletes.
-	start := time.Now()
+	start := testdb.Now()
 	y, mo, _ := start.UTC().Date()
 	age := start.Sub(time.Date(y, mo, 1, 0, 0, 0, 0, time.UTC)) + 3*day
 	near := func(want, got time.Time, what string) {

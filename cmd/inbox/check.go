@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/watermill-inbox/inbox/internal/clock"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/purge"
 )
@@ -126,7 +127,7 @@ func printFindings(w io.Writer, findings []maintenance.Finding) int {
 // from: times ahead of the clock are events dated in the future.
 func blockedLine(b maintenance.BlockedPeriod) string {
 	why := "claims made while no partition covered it"
-	if b.Last.After(time.Now()) {
+	if b.Last.After(clock.Now()) {
 		why = "dated ahead of the clock: events with a time in the future"
 	}
 	span := b.First.Format(timeLayout)

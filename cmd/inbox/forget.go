@@ -17,6 +17,7 @@ import (
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/internal/clock"
 	"github.com/watermill-inbox/inbox/internal/maintenance"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -94,7 +95,7 @@ func runForget(ctx context.Context, fs *flag.FlagSet, args []string, stdout, std
 			return err
 		}
 	} else if filter.To.IsZero() {
-		filter.To = time.Now().Add(24 * time.Hour) // any claim made until now, whatever the clocks' skew
+		filter.To = clock.Now().Add(24 * time.Hour) // any claim made until now, whatever the clocks' skew
 	}
 
 	store, sqlDB, err = db.connectTable(ctx)

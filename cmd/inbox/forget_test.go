@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/internal/testdb"
 )
 
 // forgetFixture has billing's claims e1..e5 (3 days old) and n1, n2 (an
@@ -128,13 +129,13 @@ func TestForgetUUIDs(t *testing.T) {
 func TestForgetTimeRange(t *testing.T) {
 	forEach(t, func(t *testing.T, tg target) {
 		f := forgetFixture(t, tg)
-		from := time.Now().UTC().Add(-2 * time.Hour).Format(time.RFC3339)
+		from := testdb.Now().UTC().Add(-2 * time.Hour).Format(time.RFC3339)
 		code, out, errOut := f.run(t, "forget", "-consumer", "billing", "-from", from)
 		require.Equal(t, exitOK, code, errOut)
 		require.Contains(t, out, "would remove 2 claims")
 		require.Equal(t, map[string]int{"billing": 7, "mailer": 1}, f.rows(t))
 
-		to := time.Now().UTC().Add(-2 * day).Format(time.RFC3339)
+		to := testdb.Now().UTC().Add(-2 * day).Format(time.RFC3339)
 		code, out, errOut = f.run(t, "forget", "-consumer", "billing", "-from", "2000-01-01", "-to", to, "-yes")
 		require.Equal(t, exitOK, code, errOut)
 		require.Contains(t, out, "removed 5 claims")

@@ -33,7 +33,7 @@ func TestStats(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(out), &st), out)
 		require.Equal(t, f.table, st.Table)
 		require.Equal(t, tg.dialect, st.Dialect)
-		require.WithinDuration(t, time.Now(), st.Now, time.Minute)
+		require.WithinDuration(t, testdb.Now(), st.Now, time.Minute)
 		require.Len(t, st.Consumers, 2)
 		billing, mailer := st.Consumers[0], st.Consumers[1]
 		require.Equal(t, "billing", billing.Consumer)

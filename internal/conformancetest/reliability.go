@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/clock"
 	"github.com/watermill-inbox/inbox/observe"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -139,7 +140,7 @@ func testStaleEvents(t *testing.T, target Target) {
 	b := setup(t, target)
 	old := func(id string) *message.Message {
 		msg := newMsg(id)
-		msg.Metadata.Set("event_time", time.Now().Add(-48*time.Hour).Format(time.RFC3339Nano))
+		msg.Metadata.Set("event_time", clock.Now().Add(-48*time.Hour).Format(time.RFC3339Nano))
 		return msg
 	}
 	cfg := func(p inbox.StalePolicy) inbox.Config {
@@ -153,7 +154,7 @@ func testStaleEvents(t *testing.T, target Target) {
 
 	process := b.middleware(t, cfg(inbox.StaleProcess))
 	fresh := newMsg("fresh")
-	fresh.Metadata.Set("event_time", time.Now().Format(time.RFC3339Nano))
+	fresh.Metadata.Set("event_time", clock.Now().Format(time.RFC3339Nano))
 	for _, msg := range []*message.Message{old("processed"), old("processed"), fresh, newMsg("untimed")} {
 		_, err = call(process, b.handler(nil), msg)
 		require.NoError(t, err)

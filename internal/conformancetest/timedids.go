@@ -3,7 +3,6 @@ package conformancetest
 import (
 	"context"
 	"testing"
-	"time"
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/inboxdriver"
@@ -20,7 +19,7 @@ type timedIDs struct{ store inboxdriver.Store }
 
 // idTimeEpoch is the time of the mapped ids: now, when the suite starts,
 // so that they fall in the partition CreateSchema made for today.
-var idTimeEpoch = time.Now()
+var idTimeEpoch = testdb.Now()
 
 func timed(id string) string {
 	if _, ok := inbox.TimeInEventID(id); ok {
