@@ -114,6 +114,52 @@ func TestHandlerErrorsPoisonedWhateverTheirType(t *testing.T) {
 	}
 }
 
+// A handler that knows no redelivery can help (a malformed payload) marks
+// its error with inbox.Permanent: behind the README's stack the message is
+// poisoned at once, after one call, with nothing committed. The mark is the
+// handler's word: it holds inside a Transient mark, and over evidence of an
+// outage (the server ended the claim's connection under the handler).
+func TestPermanentMarkPoisonsAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"sqlite", "lib/pq"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := openErrorsDB(t, name)
+			cases := map[string]func(msg *message.Message) error{
+				"malformed payload": func(msg *message.Message) error {
+					return inbox.Permanent(decodePayload(msg))
+				},
+				"inside a Transient mark": func(msg *message.Message) error {
+					return inbox.Transient(inbox.Permanent(decodePayload(msg)))
+				},
+			}
+			if name == "lib/pq" {
+				cases["over an outage"] = func(msg *message.Message) error {
+					terminateBackend(t, e.db, msg)
+					return inbox.Permanent(fmt.Errorf("saving the invoice: %w", e.insertEffect(msg)))
+				}
+			}
+			for c, fail := range cases {
+				t.Run(c, func(t *testing.T) {
+					var calls atomic.Int64
+					s := newReadmeStack(t, inbox.Config{Store: e.store(t, sqlinbox.Config{})}, inbox.BackoffConfig{}, func(msg *message.Message) error {
+						calls.Add(1)
+						if err := e.insertEffect(msg); err != nil {
+							return err
+						}
+						return fail(msg)
+					})
+					s.Deliver(t, eventMsg("order-1", `{"amount": 1`))
+					require.EqualValues(t, 1, calls.Load(), "the handler's calls")
+					require.Len(t, s.Poisoned(), 1)
+					require.True(t, inbox.IsPermanent(s.Returned()[0]), "%v", s.Returned()[0])
+					require.Zero(t, e.effectCount(t))
+				})
+			}
+		})
+	}
+}
+
 func decodePayload(msg *message.Message) error {
 	var order struct{ Amount int }
 	return json.NewDecoder(bytes.NewReader(msg.Payload)).Decode(&order)
@@ -296,4 +342,31 @@ func TestBackoffWaitsOutQuietly(t *testing.T) {
 	require.Equal(t, 1, over, "the line when it ends")
 	require.GreaterOrEqual(t, failures, 1)
 	require.LessOrEqual(t, failures, 1+int(took/time.Second), "at most one line per LogInterval")
+}
+
+// A handler's deadline that fires while the database does not answer is an
+// outage, as before, on each driver: the network stalls under the handler's
+// slow statement, then the database stays out of reach for a while. The
+// message is waited out in place and processed once it is back
+// (conformancetest.DeadlineDuringAnOutage). The same deadline with the
+// database answering is the handler's own error (the conformance suite's
+// HandlerDeadlineIsItsOwn).
+func TestHandlerDeadlineDuringAnOutage(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"lib/pq", "pgx-stdlib", "mariadb"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := openErrorsDB(t, name) // the table through a connection the outage spares
+			driver := map[string]string{"lib/pq": "postgres", "pgx-stdlib": "pgx", "mariadb": "mysql"}[name]
+			dsn, proxy := testdb.Proxied(t, driver)
+			store, err := sqlinbox.New(testdb.Open(t, driver, dsn), sqlinbox.Config{Dialect: e.dialect, Table: e.store(t, sqlinbox.Config{}).Table()})
+			require.NoError(t, err)
+			mw := newMiddleware(t, inbox.Config{Store: store})
+			conformancetest.DeadlineDuringAnOutage(t, proxy, mw, e.dialect, func(ctx context.Context, query string) error {
+				tx, _ := inbox.TxFromContext(ctx)
+				_, err := tx.ExecContext(ctx, query)
+				return err
+			})
+		})
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
@@ -80,4 +81,57 @@ func testHandlerDeadlineIsItsOwn(t *testing.T, target Target) {
 			require.Zero(t, b.claims(t))
 		})
 	}
+}
+
+// DeadlineDuringAnOutage proves that a handler's deadline that fires while
+// the database does not answer is still an outage. mw's store reaches its
+// database of dialect through proxy; exec runs a statement in the inbox
+// transaction of ctx's message. The network stalls under the handler's
+// slow statement and its own deadline fires. The drivers that honour it
+// (pgx, go-sql-driver/mysql) drop the connection and return, and the
+// middleware sorts the attempt during the stall; lib/pq waits for an
+// answer until the connection is cut. Then the connections are cut and new
+// ones refused until the attempt has been sorted. Behind the
+// README's stack the message is waited out in place, never poisoned, and
+// the second call, once the database is back, processes it.
+func DeadlineDuringAnOutage(t *testing.T, proxy *testdb.Proxy, mw message.HandlerMiddleware, dialect sqlinbox.Dialect, exec func(ctx context.Context, query string) error) {
+	t.Helper()
+	var calls atomic.Int64
+	deadlines := make(chan context.Context, 1)
+	returned := make(chan struct{})
+	s := NewReadmeStack(t, mw, inbox.BackoffConfig{InitialInterval: 10 * time.Millisecond, MaxInterval: 100 * time.Millisecond}, watermill.NopLogger{}, func(msg *message.Message) error {
+		if calls.Add(1) > 1 {
+			return exec(msg.Context(), `SELECT 1`)
+		}
+		ctx, cancel := context.WithTimeout(msg.Context(), HandlerDeadline)
+		defer cancel()
+		proxy.Stall()
+		deadlines <- ctx
+		defer close(returned)
+		return exec(ctx, SlowStatement(dialect))
+	})
+	outage := make(chan struct{})
+	go func() {
+		defer close(outage)
+		ctx := <-deadlines
+		<-ctx.Done()
+		select {
+		case <-returned:
+		case <-time.After(3 * time.Second): // lib/pq
+		}
+		proxy.Down()
+		for end := time.Now().Add(time.Minute); len(s.Returned()) == 0 && time.Now().Before(end); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		proxy.Up()
+	}()
+	s.DeliverWithin(t, newMsg("x"), time.Minute)
+	<-outage
+	require.EqualValues(t, 2, calls.Load(), "the handler's calls")
+	require.Empty(t, s.Poisoned())
+	attempts := s.Returned()
+	require.NotEmpty(t, attempts)
+	t.Logf("the attempt under the outage: %v", attempts[0])
+	require.True(t, inbox.IsTransient(attempts[0]), "the attempt under the outage is not transient: %v", attempts[0])
+	require.NoError(t, attempts[len(attempts)-1])
 }
