@@ -47,7 +47,9 @@
 // queue and a retry: a message without a usable event id goes to the poison
 // queue at once, one that met a database restarting is waited out in place
 // by [NewBackoff]. A handler's own error is transient only on evidence (the
-// claim's connection gone) or when it says so with [Transient].
+// claim's connection gone, and the database silent on another when the
+// handler cancelled its own statement) or when it says so with [Transient];
+// [Permanent] poisons it at once.
 //
 // Effects outside the database cannot join the transaction: write follow-up
 // events to an outbox in the same transaction ([Config.ProducedPublisher],

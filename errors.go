@@ -66,13 +66,35 @@ var (
 
 // IsPermanent reports whether redelivering the message that failed with err
 // cannot help: its event id or shard key is missing or invalid, its id was
-// reused, it is stale under [StaleReject], or it was refused as miswired.
-// Send it to the poison queue at once
-// (docs/wiring.md#retries-and-the-poison-queue).
+// reused, it is stale under [StaleReject], it was refused as miswired, or
+// the handler marked its error with [Permanent]. Send it to the poison
+// queue at once (docs/wiring.md#retries-and-the-poison-queue).
 func IsPermanent(err error) bool {
-	_, ok := permanentKind(err)
-	return ok
+	if _, ok := permanentKind(err); ok {
+		return true
+	}
+	var p permanentError
+	return errors.As(err, &p)
 }
+
+// Permanent marks err, a handler's own error, as one no redelivery can fix
+// (a malformed payload, an order for a product that does not exist), so
+// that [IsPermanent] reports it and the recommended stack poisons the
+// message at once instead of retrying it. The mark is the handler's word:
+// it wins over a [Transient] mark and over any evidence of an outage.
+// Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// permanentError marks an error [IsPermanent] reports.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
 
 // permanent are the permanent errors, each with the kind of refusal it is in
 // the log (trace.go).
@@ -100,7 +122,9 @@ func permanentKind(err error) (kind string, ok bool) {
 // finish for a reason that passes, on evidence: the claim or the commit
 // failed, the database said it or the claim's connection was going away
 // (a handler's error then counts only when a probe of the claim's own
-// connection finds it gone, never by its Go type alone), another copy of
+// connection finds it gone, never by its Go type alone, and, when the
+// handler cancelled its own statement, only when the database does not
+// answer on another connection either), another copy of
 // the event held or won the claim ([ErrInFlight], a conflict the database
 // reported), the message's context was cancelled (the router closing;
 // Watermill's Retry then returns the context's error itself), or a handler
@@ -130,7 +154,7 @@ func IsTransient(err error) bool {
 // reports it and the recommended stack retries the message until it
 // succeeds instead of poisoning it. Without the mark a handler's error is
 // retried a few times, then poisoned, unless the database itself was
-// unavailable. Transient(nil) is nil.
+// unavailable. [Permanent] wins over it. Transient(nil) is nil.
 func Transient(err error) error {
 	if err == nil {
 		return nil

@@ -11,91 +11,34 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/conformancetest"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
-// readmeStack is a router on an in-memory pub/sub, which redelivers a
-// nacked message at once, behind the README's stack: PoisonQueue for what
-// is not transient, Retry (3 retries) for what is not permanent,
-// Recoverer, Backoff, and the inbox around the handler. The router, the
-// inbox and Backoff log to logs.
+// readmeStack is [conformancetest.ReadmeStack], the README's stack on an
+// in-memory pub/sub, whose router, inbox and Backoff log to logs.
 type readmeStack struct {
-	pubSub *gochannel.GoChannel
-	logs   *watermill.CaptureLoggerAdapter
-
-	mu       sync.Mutex
-	poisoned []string // the reason of each poisoned message
+	*conformancetest.ReadmeStack
+	logs *watermill.CaptureLoggerAdapter
 }
 
-const readmeRetries = 3
+const readmeRetries = conformancetest.ReadmeRetries
 
 func newReadmeStack(t *testing.T, cfg inbox.Config, backoff inbox.BackoffConfig, h message.NoPublishHandlerFunc) *readmeStack {
 	t.Helper()
-	s := &readmeStack{logs: watermill.NewCaptureLogger()}
-	s.pubSub = gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
-	cfg.Logger = s.logs
-	mw := newMiddleware(t, cfg)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: time.Second}, s.logs)
-	require.NoError(t, err)
-	poison, err := middleware.PoisonQueueWithFilter(s.pubSub, "poisoned", func(err error) bool { return !inbox.IsTransient(err) })
-	require.NoError(t, err)
-	wait, err := inbox.NewBackoff(backoff, s.logs)
-	require.NoError(t, err)
-	router.AddMiddleware(
-		poison,
-		middleware.Retry{MaxRetries: readmeRetries, InitialInterval: 10 * time.Millisecond,
-			ShouldRetry: func(p middleware.RetryParams) bool { return !inbox.IsPermanent(p.Err) }}.Middleware,
-		middleware.Recoverer,
-		wait,
-	)
-	router.AddConsumerHandler("billing", "orders", s.pubSub, inbox.ConsumerHandler(mw, h))
-	poisoned, err := s.pubSub.Subscribe(context.Background(), "poisoned")
-	require.NoError(t, err)
-	go func() {
-		for msg := range poisoned {
-			s.mu.Lock()
-			s.poisoned = append(s.poisoned, msg.Metadata.Get(middleware.ReasonForPoisonedKey))
-			s.mu.Unlock()
-			msg.Ack()
-		}
-	}()
-	go func() { _ = router.Run(context.Background()) }()
-	<-router.Running()
-	t.Cleanup(func() { _ = router.Close(); _ = s.pubSub.Close() })
-	return s
-}
-
-// deliver publishes msg and returns once it is acked, processed or
-// poisoned. A message redelivered in a loop fails the test after 10 s.
-func (s *readmeStack) deliver(t *testing.T, msg *message.Message) {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- s.pubSub.Publish("orders", msg) }()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("event %s not acked within 10 s: redelivered in a loop, never poisoned", msg.Metadata.Get(inbox.DefaultEventIDMetadataKey))
-	}
-}
-
-func (s *readmeStack) poisonedReasons() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.poisoned...)
+	logs := watermill.NewCaptureLogger()
+	cfg.Logger = logs
+	return &readmeStack{conformancetest.NewReadmeStack(t, newMiddleware(t, cfg), backoff, logs, h), logs}
 }
 
 // errorLines returns the error-level lines logged with field key set to
@@ -159,11 +102,57 @@ func TestHandlerErrorsPoisonedWhateverTheirType(t *testing.T) {
 						last.Store(err)
 						return err
 					})
-					s.deliver(t, eventMsg("order-1", c.payload))
+					s.Deliver(t, eventMsg("order-1", c.payload))
 					require.EqualValues(t, 1+readmeRetries, calls.Load(), "the handler's calls: the retry budget")
 					err, _ := last.Load().(error)
 					require.True(t, c.is(err), "the handler's error is not the case's: %v", err)
-					require.Len(t, s.poisonedReasons(), 1)
+					require.Len(t, s.Poisoned(), 1)
+					require.Zero(t, e.effectCount(t))
+				})
+			}
+		})
+	}
+}
+
+// A handler that knows no redelivery can help (a malformed payload) marks
+// its error with inbox.Permanent: behind the README's stack the message is
+// poisoned at once, after one call, with nothing committed. The mark is the
+// handler's word: it holds inside a Transient mark, and over evidence of an
+// outage (the server ended the claim's connection under the handler).
+func TestPermanentMarkPoisonsAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"sqlite", "lib/pq"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := openErrorsDB(t, name)
+			cases := map[string]func(msg *message.Message) error{
+				"malformed payload": func(msg *message.Message) error {
+					return inbox.Permanent(decodePayload(msg))
+				},
+				"inside a Transient mark": func(msg *message.Message) error {
+					return inbox.Transient(inbox.Permanent(decodePayload(msg)))
+				},
+			}
+			if name == "lib/pq" {
+				cases["over an outage"] = func(msg *message.Message) error {
+					terminateBackend(t, e.db, msg)
+					return inbox.Permanent(fmt.Errorf("saving the invoice: %w", e.insertEffect(msg)))
+				}
+			}
+			for c, fail := range cases {
+				t.Run(c, func(t *testing.T) {
+					var calls atomic.Int64
+					s := newReadmeStack(t, inbox.Config{Store: e.store(t, sqlinbox.Config{})}, inbox.BackoffConfig{}, func(msg *message.Message) error {
+						calls.Add(1)
+						if err := e.insertEffect(msg); err != nil {
+							return err
+						}
+						return fail(msg)
+					})
+					s.Deliver(t, eventMsg("order-1", `{"amount": 1`))
+					require.EqualValues(t, 1, calls.Load(), "the handler's calls")
+					require.Len(t, s.Poisoned(), 1)
+					require.True(t, inbox.IsPermanent(s.Returned()[0]), "%v", s.Returned()[0])
 					require.Zero(t, e.effectCount(t))
 				})
 			}
@@ -195,9 +184,9 @@ func TestHandlerErrorsTransientOnEvidence(t *testing.T) {
 			}
 			return e.insertEffect(msg)
 		})
-		s.deliver(t, eventMsg("order-1", `{}`))
+		s.Deliver(t, eventMsg("order-1", `{}`))
 		require.EqualValues(t, 6, calls.Load())
-		require.Empty(t, s.poisonedReasons())
+		require.Empty(t, s.Poisoned())
 		require.Equal(t, 1, e.effectCount(t))
 	})
 	for _, name := range []string{"lib/pq", "pgx-stdlib"} {
@@ -260,9 +249,9 @@ func TestShardKeyMisconfigurationIsPermanent(t *testing.T) {
 		if key != "" {
 			msg.Metadata.Set("customer_id", key)
 		}
-		s.deliver(t, msg)
+		s.Deliver(t, msg)
 	}
-	reasons := s.poisonedReasons()
+	reasons := s.Poisoned()
 	require.Len(t, reasons, 2)
 	for _, r := range reasons {
 		require.Contains(t, r, "invalid shard key")
@@ -270,7 +259,7 @@ func TestShardKeyMisconfigurationIsPermanent(t *testing.T) {
 	require.Zero(t, calls.Load())
 	ok := eventMsg("order-ok", `{}`)
 	ok.Metadata.Set("customer_id", "customer-42")
-	s.deliver(t, ok)
+	s.Deliver(t, ok)
 	require.EqualValues(t, 1, calls.Load())
 }
 
@@ -288,11 +277,11 @@ func TestRefusedAndPoisonedMessagesLogged(t *testing.T) {
 				return errors.New("customer not found")
 			})
 			for i := range 2 {
-				s.deliver(t, message.NewMessage(watermill.NewUUID(), []byte(`{}`)))
-				s.deliver(t, eventMsg(strings.Repeat("x", 300), `{}`))
-				s.deliver(t, eventMsg(fmt.Sprintf("order-%d", i), `{}`))
+				s.Deliver(t, message.NewMessage(watermill.NewUUID(), []byte(`{}`)))
+				s.Deliver(t, eventMsg(strings.Repeat("x", 300), `{}`))
+				s.Deliver(t, eventMsg(fmt.Sprintf("order-%d", i), `{}`))
 			}
-			require.Len(t, s.poisonedReasons(), 6)
+			require.Len(t, s.Poisoned(), 6)
 			for kind, reason := range map[string]string{
 				"missing_id":     `metadata "event_id" is not set`,
 				"invalid_id":     "at most 255 allowed",
@@ -328,12 +317,12 @@ func TestBackoffWaitsOutQuietly(t *testing.T) {
 	const outage = 2500 * time.Millisecond
 	start := time.Now()
 	down.Store(start.Add(outage))
-	s.deliver(t, eventMsg("order-1", `{}`))
+	s.Deliver(t, eventMsg("order-1", `{}`))
 	took := time.Since(start)
 	require.GreaterOrEqual(t, took, outage)
 
 	require.Equal(t, 1, e.effectCount(t))
-	require.Empty(t, s.poisonedReasons())
+	require.Empty(t, s.Poisoned())
 	// Waits of 10 ms doubling to 200 ms: at most 6 to reach the cap, then
 	// one per 160 ms at least (200 ms less a fifth).
 	require.LessOrEqual(t, calls.Load(), int64(7+took/(160*time.Millisecond)), "attempts")
@@ -353,4 +342,31 @@ func TestBackoffWaitsOutQuietly(t *testing.T) {
 	require.Equal(t, 1, over, "the line when it ends")
 	require.GreaterOrEqual(t, failures, 1)
 	require.LessOrEqual(t, failures, 1+int(took/time.Second), "at most one line per LogInterval")
+}
+
+// A handler's deadline that fires while the database does not answer is an
+// outage, as before, on each driver: the network stalls under the handler's
+// slow statement, then the database stays out of reach for a while. The
+// message is waited out in place and processed once it is back
+// (conformancetest.DeadlineDuringAnOutage). The same deadline with the
+// database answering is the handler's own error (the conformance suite's
+// HandlerDeadlineIsItsOwn).
+func TestHandlerDeadlineDuringAnOutage(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"lib/pq", "pgx-stdlib", "mariadb"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := openErrorsDB(t, name) // the table through a connection the outage spares
+			driver := map[string]string{"lib/pq": "postgres", "pgx-stdlib": "pgx", "mariadb": "mysql"}[name]
+			dsn, proxy := testdb.Proxied(t, driver)
+			store, err := sqlinbox.New(testdb.Open(t, driver, dsn), sqlinbox.Config{Dialect: e.dialect, Table: e.store(t, sqlinbox.Config{}).Table()})
+			require.NoError(t, err)
+			mw := newMiddleware(t, inbox.Config{Store: store})
+			conformancetest.DeadlineDuringAnOutage(t, proxy, mw, e.dialect, func(ctx context.Context, query string) error {
+				tx, _ := inbox.TxFromContext(ctx)
+				_, err := tx.ExecContext(ctx, query)
+				return err
+			})
+		})
+	}
 }

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log"
 	"strings"
@@ -24,7 +25,8 @@ import (
 //   - Retry retries the handler's own errors and panics a few times, each
 //     attempt in a new transaction, then lets them be poisoned; what is
 //     permanent (no or a malformed event id, an id reused, a refused
-//     wiring) goes to the poison queue at once.
+//     wiring, an error the handler marked with inbox.Permanent) goes to
+//     the poison queue at once.
 //   - Recoverer inside Retry turns a panic into an error that is retried,
 //     then poisoned. Outermost, it would catch the panic past Retry and
 //     PoisonQueue: the message would be nacked and redelivered forever (on
@@ -38,8 +40,9 @@ import (
 //
 // Here order-1 arrives twice and is invoiced once; order-2's payment API
 // answers 503 three times, which the handler marks transient, and the
-// fourth call invoices it; order-3 hits a bug; the last message's event id
-// holds a NUL byte.
+// fourth call invoices it; order-3 hits a bug; order-4's event id holds a
+// NUL byte; order-5's payload is truncated, which the handler marks
+// permanent.
 func Example_retriesAndPoisonQueue() {
 	db, store, done := exampleStore()
 	defer done()
@@ -81,6 +84,10 @@ func Example_retriesAndPoisonQueue() {
 	router.AddConsumerHandler("invoicing", "orders", pubSub, inbox.ConsumerHandler(mw, func(msg *message.Message) error {
 		id, _, _ := inbox.EventIDFromContext(msg.Context())
 		calls[id]++
+		var order struct{ Amount int }
+		if err := json.Unmarshal(msg.Payload, &order); err != nil {
+			return inbox.Permanent(fmt.Errorf("decoding %s: %w", id, err))
+		}
 		switch {
 		case id == "order-2" && calls[id] <= 3:
 			return inbox.Transient(fmt.Errorf("charging %s: payment API answered 503", id))
@@ -110,8 +117,12 @@ func Example_retriesAndPoisonQueue() {
 
 	go func() { _ = router.Run(context.Background()) }()
 	<-router.Running()
-	for _, id := range []string{"order-1", "order-1", "order-2", "order-3", "order-4\x00"} {
-		msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	for _, id := range []string{"order-1", "order-1", "order-2", "order-3", "order-4\x00", "order-5"} {
+		payload := `{"amount": 1}`
+		if id == "order-5" {
+			payload = `{"amount": 1`
+		}
+		msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
 		msg.Metadata.Set("event_id", id)
 		if err := pubSub.Publish("orders", msg); err != nil { // returns once acked
 			log.Fatal(err)
@@ -124,13 +135,14 @@ func Example_retriesAndPoisonQueue() {
 	var invoices int
 	_ = db.QueryRow(`SELECT COUNT(*) FROM invoices`).Scan(&invoices)
 	fmt.Println("invoices:", invoices)
-	fmt.Println("handler calls:", calls["order-1"], calls["order-2"], calls["order-3"])
+	fmt.Println("handler calls:", calls["order-1"], calls["order-2"], calls["order-3"], calls["order-5"])
 	mu.Lock()
 	defer mu.Unlock()
 	fmt.Println(strings.Join(reasons, "\n"))
 	// Output:
 	// invoices: 2
-	// handler calls: 1 4 4
+	// handler calls: 1 4 4 1
 	// poisoned "order-3": panic occurred: "assignment to entry in nil map"
 	// poisoned "order-4\x00": inbox: invalid event id: contains a NUL byte: "order-4\x00"
+	// poisoned "order-5": decoding order-5: unexpected end of JSON input
 }

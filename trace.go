@@ -25,7 +25,7 @@ func (e *engine) traced(h message.HandlerFunc, msg *message.Message) ([]*message
 	if kind, ok := permanentKind(err); ok {
 		e.trace(msg, kind, err, "Inbox: message refused, the handler was not called; the middlewares in front nack, poison or drop it")
 	} else {
-		e.trace(msg, "handler_failed", err, "Inbox: the handler failed and rolled back; the middlewares in front retry it, then poison it")
+		e.trace(msg, "handler_failed", err, "Inbox: the handler failed and rolled back; the middlewares in front retry or poison it")
 	}
 	return produced, err
 }

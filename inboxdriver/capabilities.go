@@ -46,6 +46,23 @@ type TxProber interface {
 	ProbeTx(ctx context.Context, tx Tx) error
 }
 
+// DBProber is implemented by stores that can tell a statement the handler
+// cancelled from an outage. Drivers discard a connection whose statement a
+// context cancelled, so [TxProber] finds the claim's connection gone after
+// a handler's own timeout. When the handler's error is such a cancellation
+// (a context's error, or one IsCancelled reports), the middleware reports
+// it as transient only when ProbeDB fails too.
+type DBProber interface {
+	// IsCancelled reports whether err is the database's code for a
+	// statement cancelled at its client's request or by a timeout its
+	// session set.
+	IsCancelled(err error) bool
+	// ProbeDB runs a trivial statement on a connection of the store's
+	// pool other than a claim's: nil when the database answered, as for
+	// [TxProber.ProbeTx].
+	ProbeDB(ctx context.Context) error
+}
+
 // ConflictDetector is implemented by stores whose database can report the
 // race between two copies of one event as a conflict on a statement after
 // the claim, or at COMMIT: a multi-primary cluster's certification failure,

@@ -10,7 +10,10 @@ import (
 	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
-var _ inboxdriver.TxProber = (*Store)(nil)
+var (
+	_ inboxdriver.TxProber = (*Store)(nil)
+	_ inboxdriver.DBProber = (*Store)(nil)
+)
 
 // ProbeTx implements [inboxdriver.TxProber] as [sqlinbox.Store.ProbeTx]
 // does, with SELECT 1 on the claim's pgx transaction: nil when PostgreSQL
@@ -22,9 +25,29 @@ func (s *Store) ProbeTx(ctx context.Context, tx inboxdriver.Tx) error {
 		return nil
 	}
 	_, err := t.Exec(ctx, "SELECT 1")
-	var pgErr *pgconn.PgError
-	if err == nil || errors.Is(err, pgx.ErrTxClosed) || errors.As(err, &pgErr) && !s.IsUnavailable(err) {
+	if err == nil || errors.Is(err, pgx.ErrTxClosed) || s.answered(err) {
 		return nil
 	}
 	return err
+}
+
+// ProbeDB implements [inboxdriver.DBProber] as [sqlinbox.Store.ProbeDB]
+// does, with SELECT 1 on a connection of the pool.
+func (s *Store) ProbeDB(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, "SELECT 1")
+	if err == nil || s.answered(err) {
+		return nil
+	}
+	return err
+}
+
+// IsCancelled implements [inboxdriver.DBProber] as
+// [sqlinbox.Store.IsCancelled] does.
+func (s *Store) IsCancelled(err error) bool { return s.sql.IsCancelled(err) }
+
+// answered reports whether err is PostgreSQL's own, other than one saying
+// it or the connection is going away.
+func (s *Store) answered(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && !s.IsUnavailable(err)
 }

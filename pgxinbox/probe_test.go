@@ -11,9 +11,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/conformancetest"
+	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/pgxinbox"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
@@ -64,4 +67,31 @@ func TestHandlerErrorsByEvidence(t *testing.T) {
 		return errors.New("the statement succeeded on a terminated connection")
 	})
 	require.True(t, inbox.IsTransient(err), "%v", err)
+}
+
+// On native pgx as on database/sql (the root package's
+// TestHandlerDeadlineDuringAnOutage): a handler's deadline that fires while
+// PostgreSQL does not answer is an outage, waited out in place. The same
+// deadline with PostgreSQL answering is the handler's own error (the
+// conformance suite's HandlerDeadlineIsItsOwn).
+func TestHandlerDeadlineDuringAnOutage(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqlinbox.Config{})
+	dsn, proxy := testdb.Proxied(t, "pgx")
+	pool, err := pgxpool.New(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store, err := pgxinbox.NewStore(pool, sqlinbox.Config{Table: f.store.Table()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store})
+	require.NoError(t, err)
+	conformancetest.DeadlineDuringAnOutage(t, proxy, mw, sqlinbox.PostgreSQL, func(ctx context.Context, query string) error {
+		tx, ok := pgxinbox.TxFromContext(ctx)
+		if !ok {
+			return inbox.ErrNotInInbox
+		}
+		_, err := tx.Exec(ctx, query)
+		return err
+	})
 }

@@ -8,7 +8,10 @@ import (
 	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
-var _ inboxdriver.TxProber = (*Store)(nil)
+var (
+	_ inboxdriver.TxProber = (*Store)(nil)
+	_ inboxdriver.DBProber = (*Store)(nil)
+)
 
 // probeSQL asks nothing of any table; every dialect answers it.
 const probeSQL = `SELECT 1`
@@ -35,6 +38,20 @@ func (s *Store) ProbeTx(ctx context.Context, tx inboxdriver.Tx) error {
 	var one int
 	err := t.QueryRowContext(ctx, probeSQL).Scan(&one)
 	if err == nil || errors.Is(err, sql.ErrTxDone) || s.answered(err) {
+		return nil
+	}
+	return err
+}
+
+// ProbeDB implements [inboxdriver.DBProber]: it runs SELECT 1 on a
+// connection of the pool, after a handler's cancelled statement took the
+// claim's connection with it, so that the middleware calls the handler's
+// own timeout its error, and an outage one only when the database does not
+// answer here either. nil means an answer, as for [Store.ProbeTx].
+func (s *Store) ProbeDB(ctx context.Context) error {
+	var one int
+	err := s.db.QueryRowContext(ctx, probeSQL).Scan(&one)
+	if err == nil || s.answered(err) {
 		return nil
 	}
 	return err

@@ -45,6 +45,19 @@ func (s *Store) IsUnavailable(err error) bool {
 	return false
 }
 
+// IsCancelled implements [inboxdriver.DBProber]: err is the database
+// cancelling a statement at its client's request or by a timeout the
+// session set (PostgreSQL 57014 query_canceled, MySQL 1317
+// ER_QUERY_INTERRUPTED, 3024 max_execution_time, MariaDB 1969
+// max_statement_time). lib/pq reports a statement its context cancelled so,
+// not with the context's error.
+func (s *Store) IsCancelled(err error) bool {
+	if number, ok := mysqlErrorNumber(err); ok {
+		return number == 1317 || number == 3024 || number == 1969
+	}
+	return pgCode(err) == "57014"
+}
+
 // IsConflict reports whether err is the database aborting the transaction
 // because a concurrent transaction conflicted with it, so that running the
 // message again is the whole remedy: on MySQL and MariaDB error 1213

@@ -104,6 +104,7 @@ func Run(t *testing.T, target Target) {
 		{"CancelledContextMidHandler", testCancelledContextMidHandler},
 		{"SwallowedStatementError", testSwallowedStatementError},
 		{"HandlerErrorOfAnOutagesType", testHandlerErrorOfAnOutagesType},
+		{"HandlerDeadlineIsItsOwn", testHandlerDeadlineIsItsOwn},
 		{"InFlightDuplicateWaits", testInFlightDuplicateWaits},
 		{"InFlightRollbackLetsDuplicateThrough", testInFlightRollbackLetsDuplicateThrough},
 		{"ClaimTimeout", testClaimTimeout},

@@ -69,6 +69,18 @@ func (s timedIDs) ProbeTx(ctx context.Context, tx inboxdriver.Tx) error {
 	return nil
 }
 
+func (s timedIDs) IsCancelled(err error) bool {
+	d, ok := s.store.(inboxdriver.DBProber)
+	return ok && d.IsCancelled(err)
+}
+
+func (s timedIDs) ProbeDB(ctx context.Context) error {
+	if d, ok := s.store.(inboxdriver.DBProber); ok {
+		return d.ProbeDB(ctx)
+	}
+	return nil
+}
+
 func (s timedIDs) IsUnavailable(err error) bool {
 	d, ok := s.store.(inboxdriver.UnavailableDetector)
 	return ok && d.IsUnavailable(err)

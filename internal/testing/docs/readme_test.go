@@ -91,7 +91,7 @@ func TestREADMEStack(t *testing.T) {
 	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", func(err error) bool { return !inbox.IsTransient(err) })
 	backoff, err := inbox.NewBackoff(inbox.BackoffConfig{}, logger)
 	router.AddMiddleware(
-		poison, // a missing event id, a miswiring: at once; a handler's error: after the retries
+		poison, // a missing event id, a miswiring, inbox.Permanent: at once; a handler's error: after the retries
 		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond,
 			ShouldRetry: func(p middleware.RetryParams) bool { return !inbox.IsPermanent(p.Err) }}.Middleware,
 		middleware.Recoverer, // inside Retry: a panic is retried like an error
