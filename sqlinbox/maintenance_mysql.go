@@ -57,6 +57,7 @@ FROM %s GROUP BY consumer`, utc("MIN(processed_at)"), utc("MAX(processed_at)"), 
 		primaryKey:      "SELECT column_name FROM information_schema.statistics WHERE " + where + " AND index_name = 'PRIMARY' ORDER BY seq_in_index",
 		indexLeads:      "SELECT column_name FROM information_schema.statistics WHERE " + where + " AND seq_in_index = 1",
 		wantColumns:     wantColumns,
+		timeDefault:     "SELECT column_default FROM information_schema.columns WHERE " + where + " AND column_name = 'processed_at'",
 		dropTable:       "DROP TABLE IF EXISTS " + table,
 		dropFingerprint: "ALTER TABLE " + table + " DROP COLUMN IF EXISTS fingerprint",
 	}

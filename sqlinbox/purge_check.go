@@ -68,6 +68,9 @@ func (p *purgeSession) CheckTable(ctx context.Context) error {
 			return fmt.Errorf("sqlinbox: purging %s: %w: %s", p.s.table, maintenance.ErrTableMismatch, pc.foreignTimesProblem(p.s.table, col, n, example.String))
 		}
 	}
+	if p.localDefault != "" {
+		return fmt.Errorf("sqlinbox: purging %s: %w: %s", p.s.table, maintenance.ErrLocalTimes, localTimesNote(p.s.table, p.localDefault))
+	}
 	return nil
 }
 

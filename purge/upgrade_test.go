@@ -1,0 +1,176 @@
+package purge_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/maintenance"
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/purge"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// earlierSchema is the MariaDB table of the releases whose claim left
+// processed_at to the column's default, as their CreateSchema made it,
+// with processed_at's default given: theirs, UTC_TIMESTAMP(6), or a
+// hand-made table's CURRENT_TIMESTAMP(6), which their inbox check passed
+// (it compared the type only).
+func earlierSchema(def string) string {
+	return "CREATE TABLE IF NOT EXISTS %[1]s (\n" +
+		"\tconsumer     VARBINARY(255) NOT NULL,\n" +
+		"\tevent_id     VARBINARY(255) NOT NULL,\n" +
+		"\tprocessed_at DATETIME(6) NOT NULL DEFAULT " + def + ",\n" +
+		"\tPRIMARY KEY (consumer, event_id),\n" +
+		"\tKEY `%[1]s_processed_at_idx` (processed_at)\n" +
+		") ENGINE=InnoDB"
+}
+
+// earlierClaim is those releases' claim.
+const earlierClaim = "INSERT INTO %s (consumer, event_id) VALUES (?, ?) ON DUPLICATE KEY UPDATE processed_at = processed_at"
+
+// claimedEarlier is a claim an earlier release made from a session at
+// zone, age ago by the database clock, and whether a purge with a 24-hour
+// retention deletes it.
+type claimedEarlier struct {
+	id, zone string
+	age      time.Duration
+	gone     bool
+}
+
+// claimEarlier makes c in table as an earlier release did, in a session
+// at c.zone whose clock is set c.age back (SET timestamp moves NOW(),
+// CURRENT_TIMESTAMP and UTC_TIMESTAMP alike).
+func claimEarlier(t *testing.T, pools map[string]*sql.DB, table string, c claimedEarlier) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pools[c.zone].Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.ExecContext(ctx, "SET timestamp = @@timestamp - ?", c.age.Seconds())
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, fmt.Sprintf(earlierClaim, table), "billing", c.id)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, "SET timestamp = DEFAULT")
+	require.NoError(t, err)
+}
+
+// An upgrade never purges a live claim. Rows claimed by an earlier
+// release from sessions at -12:59 (MariaDB's westmost), -08:00, UTC and
+// +13:00 into a table whose processed_at defaults to CURRENT_TIMESTAMP(6)
+// hold the writers' local times; purged with a 24-hour retention from a
+// session at UTC and at +13:00 (MariaDB's eastmost; the purge compares
+// with UTC_TIMESTAMP, which no session zone moves), no claim younger than
+// the retention goes, and the purge keeps 14 hours past it: the -08:00
+// claim 17 hours old, which looks 25 hours old, was deleted, and a copy
+// arriving within 7 hours ran its handler again. Rows older than the
+// retention plus 14 hours plus the writer's offset east of UTC go. The
+// earlier release's own table (UTC_TIMESTAMP(6)) purges as it did. Each
+// round says so once in the log, and inbox check warns.
+func TestUpgradeNeverPurgesLiveClaims(t *testing.T) {
+	t.Parallel()
+	const retention = 24 * time.Hour
+	local := []claimedEarlier{
+		{id: "west-17h", zone: "-08:00", age: 17 * time.Hour},
+		{id: "west-23h", zone: "-08:00", age: 23 * time.Hour},
+		{id: "westmost-23h", zone: "-12:59", age: 23 * time.Hour},
+		{id: "east-23h", zone: "+13:00", age: 23 * time.Hour},
+		{id: "utc-23h", zone: "+00:00", age: 23 * time.Hour},
+		{id: "west-39h", zone: "-08:00", age: 39 * time.Hour, gone: true},
+		{id: "westmost-39h", zone: "-12:59", age: 39 * time.Hour, gone: true},
+		{id: "utc-39h", zone: "+00:00", age: 39 * time.Hour, gone: true},
+		// Looks 26 hours old: a writer east of UTC made it look younger.
+		{id: "east-39h", zone: "+13:00", age: 39 * time.Hour},
+		{id: "east-52h", zone: "+13:00", age: 52 * time.Hour, gone: true},
+	}
+	utc := []claimedEarlier{
+		{id: "west-23h", zone: "-08:00", age: 23 * time.Hour},
+		{id: "east-23h", zone: "+13:00", age: 23 * time.Hour},
+		{id: "west-25h", zone: "-08:00", age: 25 * time.Hour, gone: true},
+		{id: "east-25h", zone: "+13:00", age: 25 * time.Hour, gone: true},
+	}
+	pools := map[string]*sql.DB{}
+	for _, zone := range []string{"-12:59", "-08:00", "+00:00", "+13:00"} {
+		pools[zone] = mysqlAt(t, zone)
+	}
+	for _, c := range []struct {
+		name, def string
+		claims    []claimedEarlier
+		margin    bool
+	}{
+		{"CURRENT_TIMESTAMP", "CURRENT_TIMESTAMP(6)", local, true},
+		{"UTC_TIMESTAMP", "(UTC_TIMESTAMP(6))", utc, false},
+	} {
+		for _, purger := range []string{"+00:00", "+13:00"} {
+			t.Run(c.name+"/purge at "+purger, func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				admin := pools["+00:00"]
+				table := testdb.Table(t, admin, "purge_upgrade")
+				_, err := admin.Exec(fmt.Sprintf(earlierSchema(c.def), table))
+				require.NoError(t, err)
+				want := map[string]int64{}
+				for _, claim := range c.claims {
+					claimEarlier(t, pools, table, claim)
+					if claim.gone {
+						want["billing"]++
+					}
+				}
+				store, err := sqlinbox.New(mysqlAt(t, purger), sqlinbox.Config{Dialect: sqlinbox.MySQL, Table: table})
+				require.NoError(t, err)
+				b := &bundle{tg: mysqlTarget, db: admin, store: store, table: table}
+				// The upgraded release's claim, from a session west of UTC.
+				upgraded, err := sqlinbox.New(pools["-08:00"], sqlinbox.Config{Dialect: sqlinbox.MySQL, Table: table})
+				require.NoError(t, err)
+				require.True(t, (&bundle{tg: mysqlTarget, db: admin, store: upgraded, table: table}).claim(t, "billing", "upgraded"))
+
+				logs := watermill.NewCaptureLogger()
+				p, err := purge.New(store, purge.Config{Retention: retention, BatchPause: time.Millisecond, Logger: logs})
+				require.NoError(t, err)
+				counts, err := p.DryRun(ctx)
+				require.NoError(t, err)
+				require.Equal(t, want, counts)
+				for round := range 2 {
+					n, err := p.PurgeOnce(ctx)
+					require.NoError(t, err, "round %d", round)
+					require.Equal(t, want["billing"]*int64(1-round), n, "round %d", round)
+				}
+				for _, claim := range c.claims {
+					require.Equal(t, !claim.gone, b.has(t, "billing", claim.id), "%s claimed %s ago at %s", claim.id, claim.age, claim.zone)
+				}
+				require.True(t, b.has(t, "billing", "upgraded"))
+
+				var said []string
+				for _, l := range logs.Captured()[watermill.InfoLogLevel] {
+					if l.Msg == "Inbox purge keeps rows 14h past the retention: processed_at's default writes local times" {
+						said = append(said, l.Fields["reason"].(string))
+					}
+				}
+				check, err := store.Maintenance().Check(ctx, 0)
+				require.NoError(t, err)
+				var warned []maintenance.Finding
+				for _, f := range check.Findings {
+					require.True(t, f.OK, "%+v", f)
+					if f.Warning != "" {
+						warned = append(warned, f)
+					}
+				}
+				if !c.margin {
+					require.Empty(t, said)
+					require.Empty(t, warned)
+					return
+				}
+				require.Len(t, said, 1, "once, not once per round")
+				require.Contains(t, said[0], "processed_at defaults to current_timestamp(6), the writer's session time")
+				require.Len(t, warned, 1)
+				require.Equal(t, maintenance.AspectTimeDefault, warned[0].Aspect)
+				require.Contains(t, warned[0].Warning, fmt.Sprintf("ALTER TABLE `%s` MODIFY processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))", table))
+			})
+		}
+	}
+}
