@@ -105,9 +105,9 @@ func TestClaimTimesIgnoreWriterSessions(t *testing.T) {
 	const pgDefault = `ALTER TABLE %s ALTER COLUMN processed_at SET DEFAULT (now() AT TIME ZONE 'UTC')`
 	pg := targets()[0]
 	for _, zt := range []zoneTarget{
-		{target: pg, via: "lib-pq", defaultDDL: pgDefault, store: sqlStoreAt("postgres"), writers: pgZones, purger: pgPurge},
-		{target: pg, via: "pgx-stdlib", defaultDDL: pgDefault, store: sqlStoreAt("pgx"), writers: pgZones, purger: pgPurge},
-		{target: pg, via: "pgx", defaultDDL: pgDefault, store: pgxStoreAt, writers: pgZones, purger: pgPurge},
+		{target: pg, via: "lib-pq", defaultDDL: pgDefault, margin: 14 * time.Hour, store: sqlStoreAt("postgres"), writers: pgZones, purger: pgPurge},
+		{target: pg, via: "pgx-stdlib", defaultDDL: pgDefault, margin: 14 * time.Hour, store: sqlStoreAt("pgx"), writers: pgZones, purger: pgPurge},
+		{target: pg, via: "pgx", defaultDDL: pgDefault, margin: 14 * time.Hour, store: pgxStoreAt, writers: pgZones, purger: pgPurge},
 		{
 			target: mysqlTarget, via: "go-sql-driver",
 			defaultDDL: "ALTER TABLE %s MODIFY processed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",

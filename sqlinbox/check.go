@@ -55,7 +55,7 @@ func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableChec
 		return maintenance.TableCheck{}, m.fail(doing, err)
 	}
 	if def != "" {
-		c.Findings = append(c.Findings, maintenance.Finding{Aspect: maintenance.AspectTimeDefault, OK: true, Found: def, Warning: localTimesNote(m.s.table, def)})
+		c.Findings = append(c.Findings, maintenance.Finding{Aspect: maintenance.AspectTimeDefault, OK: true, Found: def, Warning: localTimesNote(q, def)})
 	}
 	// The key of the table's own layout: a layout other than the
 	// configuration's is reported once, above.

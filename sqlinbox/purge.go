@@ -145,6 +145,7 @@ type purgeSession struct {
 	// session (local_times.go).
 	margin       time.Duration
 	localDefault string
+	localErr     error // reading the default failed: margin kept
 }
 
 var _ maintenance.PurgeSession = (*purgeSession)(nil)
@@ -183,8 +184,8 @@ func (s *Store) beginPurge(ctx context.Context) (*purgeSession, *maintenance.Bus
 	// effect at the next one. A default that cannot be read keeps the
 	// margin: the purge goes on, a little later.
 	if md, ok := s.dialect.(maintenanceDialect); ok {
-		p.localDefault, err = localTimes(ctx, p.conn, md.maintenanceQueries(s.table, s.config))
-		if err != nil || p.localDefault != "" {
+		p.localDefault, p.localErr = localTimes(ctx, p.conn, md.maintenanceQueries(s.table, s.config))
+		if p.localErr != nil || p.localDefault != "" {
 			p.margin = localTimeMargin
 		}
 	}
