@@ -263,3 +263,34 @@ func TestUpgradeNeverPurgesLiveClaimsPostgreSQL(t *testing.T) {
 		}
 	}
 }
+
+// On a PostgreSQL table partitioned by processed_at whose default writes
+// local times, a partition is dropped only once its end is older than the
+// retention plus the margin. The retention is chosen from the database
+// clock so that the day before yesterday's partition ends 7 hours past
+// the retention's cutoff, whatever the hour: the purge dropped it, with a
+// claim that a writer at +14:00 made inside the retention; the day before
+// it, 14 hours older still, goes.
+func TestUpgradeKeepsPartitionsPastTheMargin(t *testing.T) {
+	t.Parallel()
+	b := setup(t, postgres, func(c *sqlinbox.Config) { c.Partitioning = sqlinbox.Daily })
+	testdb.DropTimePartitions(t, b.db, b.table)
+	_, err := b.db.Exec(fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN processed_at SET DEFAULT (now() AT TIME ZONE 'UTC')`, b.table))
+	require.NoError(t, err)
+	since := sinceMidnight(t, b.db)
+	older := oldPartition(t, b.db, b.table, since+day+day+time.Hour)
+	kept := oldPartition(t, b.db, b.table, since+day+time.Hour)
+	// The end of kept is since+day ago; the cutoff 7 hours after it.
+	retention := since + day - 7*time.Hour
+	b.seed(t, "billing", "older-", 2, since+day+day+time.Hour)
+	b.seed(t, "billing", "kept-", 3, since+day+time.Hour)
+	require.Equal(t, []string{older, kept}, partitions(t, b.store))
+
+	p := b.purger(t, purge.Config{Retention: retention, AllowShortRetention: true, PartitionsAhead: 1})
+	deleted, err := p.PurgeOnce(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 2, deleted, "the older partition's rows")
+	require.Contains(t, partitions(t, b.store), kept)
+	require.NotContains(t, partitions(t, b.store), older)
+	require.Equal(t, map[string]int64{"billing": 3}, b.rows(t))
+}
