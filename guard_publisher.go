@@ -5,13 +5,13 @@ import (
 	"database/sql"
 	"fmt"
 	"reflect"
-	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/internal/peek"
 	"github.com/watermill-inbox/inbox/internal/session"
 	"github.com/watermill-inbox/inbox/observe"
 )
@@ -148,7 +148,7 @@ func (g *publisherGuard) first(consumer string) bool {
 // (a wrapper adding metrics or logs) is looked through.
 func foreignHandle(pub, tx any) string {
 	if v, ok := watermillSQLPublisher(pub); ok {
-		if db := v.FieldByName("db"); db.IsValid() {
+		if db := peek.PublisherDB(v); db.IsValid() {
 			return handleIn(db, reflect.ValueOf(tx), 4)
 		}
 	}
@@ -166,12 +166,12 @@ func skippingSchema(pub any) bool {
 	if !ok {
 		return false
 	}
-	adapter := v.FieldByName("config").FieldByName("SchemaAdapter")
-	if !adapter.IsValid() || adapter.Kind() != reflect.Interface || adapter.IsNil() {
+	adapter := peek.PublisherSchemaAdapter(v)
+	if !adapter.IsValid() || adapter.IsNil() {
 		return false
 	}
 	t := adapter.Elem().Type()
-	return isWatermillSQL(t) && t.Name() == "DefaultMySQLSchema"
+	return peek.IsWatermillSQL(t) && t.Name() == "DefaultMySQLSchema"
 }
 
 // watermillSQLPublisher returns the watermill-sql Publisher struct that pub
@@ -189,11 +189,11 @@ func watermillSQLPublisher(pub any) (reflect.Value, bool) {
 		if v.Kind() != reflect.Struct {
 			return reflect.Value{}, false
 		}
-		if isWatermillSQL(v.Type()) && v.Type().Name() == "Publisher" {
+		if peek.IsSQLPublisher(v.Type()) {
 			return v, true
 		}
-		if v.Type().PkgPath() == "github.com/ThreeDotsLabs/watermill/components/forwarder" && v.Type().Name() == "Publisher" {
-			v = v.FieldByName("wrappedPublisher")
+		if wrapped, ok := peek.ForwarderWrapped(v); ok {
+			v = wrapped
 			continue
 		}
 		embedded, ok := v.Type().FieldByName("Publisher")
@@ -206,10 +206,6 @@ func watermillSQLPublisher(pub any) (reflect.Value, bool) {
 }
 
 var publisherType = reflect.TypeFor[message.Publisher]()
-
-func isWatermillSQL(t reflect.Type) bool {
-	return strings.HasPrefix(t.PkgPath(), "github.com/ThreeDotsLabs/watermill-sql/") && strings.HasSuffix(t.PkgPath(), "/pkg/sql")
-}
 
 // Database handles, by package path and type name, for those whose
 // packages the library does not link.
@@ -255,13 +251,13 @@ func handleIn(v, tx reflect.Value, depth int) string {
 				return "another transaction (" + t.String() + ")"
 			case sqlHandle[t] || pgxHandle[name]:
 				return "a " + t.String()
-			case isWatermillSQL(t.Elem()) && t.Elem().Kind() == reflect.Struct && t.Elem().NumField() > 0:
-				v = v.Elem().Field(0) // the adapter's embedded handle
+			case peek.AdapterHandle(v.Elem()).IsValid():
+				v = peek.AdapterHandle(v.Elem())
 				continue
 			}
 		case reflect.Struct:
-			if isWatermillSQL(v.Type()) && v.NumField() > 0 {
-				v = v.Field(0) // an adapter held by value
+			if h := peek.AdapterHandle(v); h.IsValid() { // an adapter held by value
+				v = h
 				continue
 			}
 		}

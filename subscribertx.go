@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/watermill-inbox/inbox/internal/peek"
 )
 
 // A watermill-sql subscriber (v3, v4) hands each message over inside a
@@ -27,7 +28,9 @@ import (
 // The engine cannot import watermill-sql (v4 links pgx), so it finds the
 // context key by its type: a string type named contextKey in a package
 // github.com/ThreeDotsLabs/watermill-sql/.../pkg/sql, holding a transaction.
-// Tests run real v3 and v4 subscribers, so that a change there fails a test.
+// The key's type and the wrappers' Tx field are read in package peek, whose
+// tests, and those running real v3 and v4 subscribers, fail on a change
+// there.
 
 // subscriberTxLike is what a stored value must offer to be taken for a
 // transaction: [*sql.Tx], and watermill-sql v4's Tx wrappers, do.
@@ -65,13 +68,6 @@ func (st subscriberTx) standIn(ctx context.Context, tx any) (context.Context, er
 		return nil, err
 	}
 	return context.WithValue(ctx, st.key, v), nil
-}
-
-// isWatermillSQLKey recognises the type of watermill-sql's context keys.
-func isWatermillSQLKey(t reflect.Type) bool {
-	return t.Kind() == reflect.String && t.Name() == "contextKey" &&
-		strings.HasPrefix(t.PkgPath(), "github.com/ThreeDotsLabs/watermill-sql/") &&
-		strings.HasSuffix(t.PkgPath(), "/pkg/sql")
 }
 
 // txFinder finds a transaction stored in a context under a key whose type
@@ -164,8 +160,6 @@ func (f *txFinder) remember(k any) {
 	f.known.Store(&keys)
 }
 
-var contextType = reflect.TypeFor[context.Context]()
-
 // walk walks ctx and its parents and returns a copy of every key whose
 // type f.isKey accepts, and some of the contexts it walked through: the
 // 1st, 2nd, 4th, 8th... of those that are pointers, so that a message made
@@ -228,12 +222,9 @@ func (f *txFinder) walk(ctx context.Context) (keys []any, visited []reflect.Valu
 }
 
 // contextPlan lists, for one context type, the fields that hold a parent
-// and the interface fields named key ([context.WithValue]'s valueCtx keeps its
-// key there), as index paths through embedded structs. Only fields that
-// never change after the context is made are read: a cancelCtx's err and
-// cause are written by cancel, without a lock this walk could take. Plans
-// are cached: reflecting on a type's fields for every message would cost
-// more than the walk.
+// and those that hold a key ([peek.ContextFields]). Plans are cached:
+// reflecting on a type's fields for every message would cost more than the
+// walk.
 type contextPlan struct {
 	parents, values [][]int
 }
@@ -243,24 +234,9 @@ func (f *txFinder) planFor(t reflect.Type) *contextPlan {
 		return p.(*contextPlan)
 	}
 	p := &contextPlan{}
-	p.add(t, nil)
+	p.parents, p.values = peek.ContextFields(t)
 	f.plans.Store(t, p)
 	return p
-}
-
-func (p *contextPlan) add(t reflect.Type, prefix []int) {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		path := append(append([]int(nil), prefix...), i)
-		switch {
-		case f.Type.Implements(contextType):
-			p.parents = append(p.parents, path)
-		case f.Anonymous && f.Type.Kind() == reflect.Struct:
-			p.add(f.Type, path)
-		case f.Type.Kind() == reflect.Interface && f.Name == "key":
-			p.values = append(p.values, path)
-		}
-	}
 }
 
 // standIn returns what takes value's place for the handler: tx as it is
@@ -280,23 +256,21 @@ func standIn(value, tx any) (any, error) {
 	if ptr {
 		st = vt.Elem()
 	}
-	if st.Kind() == reflect.Struct {
-		if f, ok := st.FieldByName("Tx"); ok && f.IsExported() && txType.AssignableTo(f.Type) {
-			w := reflect.New(st)
-			w.Elem().Set(reflect.Indirect(reflect.ValueOf(value)))
-			w.Elem().FieldByIndex(f.Index).Set(reflect.ValueOf(tx))
-			if !ptr {
-				return w.Elem().Interface(), nil
-			}
-			return w.Interface(), nil
+	if f, ok := peek.WrapperTx(st); ok && txType.AssignableTo(f.Type) {
+		w := reflect.New(st)
+		w.Elem().Set(reflect.Indirect(reflect.ValueOf(value)))
+		w.Elem().FieldByIndex(f.Index).Set(reflect.ValueOf(tx))
+		if !ptr {
+			return w.Elem().Interface(), nil
 		}
+		return w.Interface(), nil
 	}
 	return nil, fmt.Errorf("%w: a %s cannot stand in for the subscriber's %s: a sqlinbox store takes sql.BeginnerFromStdSQL, a pgxinbox store sql.BeginnerFromPgx", ErrSubscriberTx, txType, vt)
 }
 
 func (f *txFinder) keyType(t reflect.Type) bool {
 	if f.isKey == nil {
-		return isWatermillSQLKey(t)
+		return peek.IsContextKey(t)
 	}
 	return f.isKey(t)
 }

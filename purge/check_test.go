@@ -220,6 +220,9 @@ type timeColumnCase struct {
 	domain string
 	// refused is what the refusal says, "" when the column is accepted.
 	refused string
+	// margin is how long past the retention an accepted table's rows stay:
+	// 14 h where the default writes the writer's local time.
+	margin time.Duration
 }
 
 func (c timeColumnCase) table(t *testing.T) *bundle {
@@ -266,11 +269,11 @@ func timeColumnCases() []timeColumnCase {
 		{name: "PostgreSQL/timestamp(6) with time zone", tg: postgres, open: pgPool, column: "timestamp(6) with time zone" + pgDefault},
 		{name: "PostgreSQL/domain", tg: postgres, open: pgPool, domain: "timestamptz", column: "%[1]s" + pgDefault},
 		{name: "PostgreSQL/domain over a domain", tg: postgres, open: pgPool, domain: "timestamptz(3)", column: "%[2]s" + pgDefault},
-		{name: "PostgreSQL/timestamptz default in UTC wall time", tg: postgres, open: pgPool, column: "timestamptz NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')"},
+		{name: "PostgreSQL/timestamptz default in UTC wall time", tg: postgres, open: pgPool, column: "timestamptz NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')", margin: 14 * time.Hour},
 		{name: "MariaDB/DATETIME(3) UTC at -12:00", tg: mysqlTarget, open: at("-12:00"), column: "DATETIME(3) NOT NULL DEFAULT (UTC_TIMESTAMP(3))"},
 		{name: "MariaDB/DATETIME UTC at -12:00", tg: mysqlTarget, open: at("-12:00"), column: "DATETIME NOT NULL DEFAULT (UTC_TIMESTAMP())"},
-		{name: "MariaDB/DATETIME(6) CURRENT_TIMESTAMP at UTC", tg: mysqlTarget, open: at("+00:00"), column: "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"},
-		{name: "MariaDB/DATETIME(6) CURRENT_TIMESTAMP at -12:00", tg: mysqlTarget, open: at("-12:00"), column: "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"},
+		{name: "MariaDB/DATETIME(6) CURRENT_TIMESTAMP at UTC", tg: mysqlTarget, open: at("+00:00"), column: "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)", margin: 14 * time.Hour},
+		{name: "MariaDB/DATETIME(6) CURRENT_TIMESTAMP at -12:00", tg: mysqlTarget, open: at("-12:00"), column: "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)", margin: 14 * time.Hour},
 		{name: "SQLite/DATETIME", tg: sqliteTarget, open: sqlitePool, column: "DATETIME" + sqliteDefault},
 		{name: "SQLite/TIMESTAMP", tg: sqliteTarget, open: sqlitePool, column: "TIMESTAMP" + sqliteDefault},
 		{name: "SQLite/TEXT DEFAULT datetime('now')", tg: sqliteTarget, open: sqlitePool, column: "TEXT NOT NULL DEFAULT (datetime('now'))"},
@@ -291,7 +294,8 @@ func timeColumnCases() []timeColumnCase {
 // rows and no other; a refused one's deletes nothing and says why. Each
 // accepted type was once refused by one of the two (timestamptz(6) FAILed
 // inbox check), and the MariaDB DATETIME written by CURRENT_TIMESTAMP at
-// -12:00 was refused while its claims were session-dependent.
+// -12:00 was refused while its claims were session-dependent; it now keeps
+// a margin (TestUpgradeNeverPurgesLiveClaims).
 func TestTableCheckTimeColumns(t *testing.T) {
 	t.Parallel()
 	for _, c := range timeColumnCases() {
@@ -311,8 +315,8 @@ func TestTableCheckTimeColumns(t *testing.T) {
 				require.True(t, b.has(t, "billing", "just-now"))
 				return
 			}
-			b.seed(t, "billing", "expired-", 3, 3*time.Hour)
-			b.seed(t, "billing", "live-", 2, 30*time.Minute)
+			b.seed(t, "billing", "expired-", 3, 3*time.Hour+c.margin)
+			b.seed(t, "billing", "live-", 2, 30*time.Minute+c.margin)
 			counts, err := p.DryRun(context.Background())
 			require.NoError(t, err)
 			require.Equal(t, map[string]int64{"billing": 3}, counts)
@@ -330,7 +334,8 @@ func TestTableCheckTimeColumns(t *testing.T) {
 // A role that may not read pg_attribute (a catalog hardened by REVOKE ...
 // FROM PUBLIC) cannot run the check. It proves nothing wrong, so the purge
 // goes on without it rather than stop retention: every round deletes the
-// expired rows, and one log line says the check could not run.
+// expired rows, 14 hours late in case the default it could not read writes
+// local times, and one log line says the check could not run.
 func TestTableCheckUnreadableCatalog(t *testing.T) {
 	t.Parallel()
 	admin := testdb.Postgres(t, "pgx")
@@ -374,7 +379,9 @@ func TestTableCheckUnreadableCatalog(t *testing.T) {
 	p, err := purge.New(store, purge.Config{Retention: time.Hour, AllowShortRetention: true, BatchPause: time.Millisecond, Logger: logs})
 	require.NoError(t, err)
 	for round := range 2 {
-		b.seed(t, "billing", fmt.Sprintf("expired-%d-", round), 3, 3*time.Hour)
+		// 14 h past the retention: a default this role cannot read may
+		// write local times (TestUpgradeNeverPurgesLiveClaimsPostgreSQL).
+		b.seed(t, "billing", fmt.Sprintf("expired-%d-", round), 3, 3*time.Hour+14*time.Hour)
 		b.seed(t, "billing", fmt.Sprintf("live-%d-", round), 1, 30*time.Minute)
 		n, err := p.PurgeOnce(context.Background())
 		require.NoError(t, err, "round %d", round)

@@ -56,6 +56,9 @@ type Purger struct {
 	// unchecked: a round went on without the check, which could not read
 	// what it needs, and said so (once); guarded by running.
 	unchecked bool
+	// widened: the rounds keep rows past the retention, said once;
+	// guarded by running.
+	widened bool
 }
 
 // New validates config and returns a [Purger] for store's table. It does not
@@ -155,7 +158,8 @@ func (p *Purger) purgeOnce(ctx context.Context) (int64, error) {
 // that fails is checked again next round, so a migration takes effect
 // without a restart. A check that cannot read what it needs (a catalog
 // this user may not read) proves nothing wrong: the round goes on without
-// it, said once per purger, and the next round tries again.
+// it, said once per purger, and the next round tries again. So does a
+// table whose default writes local times, whose rounds keep a margin.
 func (p *Purger) checkTable(ctx context.Context, sess maintenance.PurgeSession) error {
 	if p.checked {
 		return nil
@@ -164,6 +168,12 @@ func (p *Purger) checkTable(ctx context.Context, sess maintenance.PurgeSession) 
 	switch {
 	case err == nil:
 		p.checked = true
+	case errors.Is(err, maintenance.ErrLocalTimes):
+		// Checked again next round: the margin ends with the migration.
+		if !p.widened {
+			p.widened = true
+			p.config.Logger.Info("Inbox purge keeps rows 14h past the retention: processed_at's default writes local times", watermill.LogFields{"table": p.store.Table(), "reason": err.Error()})
+		}
 	case errors.Is(err, maintenance.ErrUnchecked):
 		if !p.unchecked {
 			p.unchecked = true

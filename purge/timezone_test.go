@@ -47,6 +47,9 @@ type zoneTarget struct {
 	}
 	writers []string // the writers' zones
 	purger  string   // the purge's zone
+	// margin is how long past the retention the purge keeps the rows of
+	// a table whose default writes local times (MySQL's only).
+	margin time.Duration
 }
 
 func sqlStoreAt(driver string) func(t *testing.T, table, zone string) interface {
@@ -95,20 +98,23 @@ func pgxStoreAt(t *testing.T, table, zone string) interface {
 // a PostgreSQL timestamptz defaulting to now() AT TIME ZONE 'UTC', SQLite
 // CURRENT_TIMESTAMP text), and the claims used to write it: on MariaDB the
 // purge deleted the claims of the writers east of UTC seconds after they
-// were made, and the next copy of each event ran its handler again.
+// were made, and the next copy of each event ran its handler again. Such a
+// default now keeps every row 14 hours past the retention, for the claims
+// of earlier releases (TestUpgradeNeverPurgesLiveClaims).
 func TestClaimTimesIgnoreWriterSessions(t *testing.T) {
 	t.Parallel()
 	pgZones, pgPurge := []string{"Asia/Tokyo", "America/Los_Angeles", "Pacific/Kiritimati"}, "America/St_Johns"
 	const pgDefault = `ALTER TABLE %s ALTER COLUMN processed_at SET DEFAULT (now() AT TIME ZONE 'UTC')`
 	pg := targets()[0]
 	for _, zt := range []zoneTarget{
-		{target: pg, via: "lib-pq", defaultDDL: pgDefault, store: sqlStoreAt("postgres"), writers: pgZones, purger: pgPurge},
-		{target: pg, via: "pgx-stdlib", defaultDDL: pgDefault, store: sqlStoreAt("pgx"), writers: pgZones, purger: pgPurge},
-		{target: pg, via: "pgx", defaultDDL: pgDefault, store: pgxStoreAt, writers: pgZones, purger: pgPurge},
+		{target: pg, via: "lib-pq", defaultDDL: pgDefault, margin: 14 * time.Hour, store: sqlStoreAt("postgres"), writers: pgZones, purger: pgPurge},
+		{target: pg, via: "pgx-stdlib", defaultDDL: pgDefault, margin: 14 * time.Hour, store: sqlStoreAt("pgx"), writers: pgZones, purger: pgPurge},
+		{target: pg, via: "pgx", defaultDDL: pgDefault, margin: 14 * time.Hour, store: pgxStoreAt, writers: pgZones, purger: pgPurge},
 		{
 			target: mysqlTarget, via: "go-sql-driver",
 			defaultDDL: "ALTER TABLE %s MODIFY processed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
 			store:      sqlStoreAt("mysql"), writers: []string{"+09:00", "-08:00", "+13:00"}, purger: "+00:00",
+			margin: 14 * time.Hour,
 		},
 		{
 			target: sqliteTarget, via: "modernc", create: true, store: sqlStoreAt("sqlite"),
@@ -154,7 +160,7 @@ func TestClaimTimesIgnoreWriterSessions(t *testing.T) {
 				require.NoError(t, tx.Commit(ctx))
 				live = append(live, ids...)
 			}
-			zt.seed(t, admin, table, "billing", "expired-", 3, 7*time.Hour)
+			zt.seed(t, admin, table, "billing", "expired-", 3, 7*time.Hour+zt.margin)
 
 			store := zt.store(t, table, zt.purger)
 			p, err := purge.New(store, purge.Config{Retention: 6 * time.Hour, AllowShortRetention: true, BatchPause: time.Millisecond})

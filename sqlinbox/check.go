@@ -50,6 +50,13 @@ func (m maintainer) Check(ctx context.Context, ahead int) (maintenance.TableChec
 	}
 	c := maintenance.TableCheck{Exists: true}
 	c.Findings = append(c.Findings, m.layoutFinding(partitioned, partKey), m.columnsFinding(q, cols), m.fingerprintFinding(q, cols))
+	def, err := localTimes(ctx, m.s.db, q)
+	if err != nil {
+		return maintenance.TableCheck{}, m.fail(doing, err)
+	}
+	if def != "" {
+		c.Findings = append(c.Findings, maintenance.Finding{Aspect: maintenance.AspectTimeDefault, OK: true, Found: def, Warning: localTimesNote(q, def)})
+	}
 	// The key of the table's own layout: a layout other than the
 	// configuration's is reported once, above.
 	wantKey := []string{"consumer", "event_id"}

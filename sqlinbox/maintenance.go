@@ -138,6 +138,9 @@ type maintenanceQueries struct {
 	// wantColumns are the columns the configuration needs, with their
 	// types; fingerprint is wanted only with [Config.Fingerprints].
 	wantColumns map[string]string
+	// timeDefault reads processed_at's default, where one can write a
+	// local time (local_times.go); nil elsewhere.
+	timeDefault *localDefault
 
 	// dropTable and dropFingerprint undo the schema and the fingerprint
 	// column, for a migration tool's down step.

@@ -27,6 +27,14 @@ func (postgresql) maintenanceQueries(t tableName, c Config) maintenanceQueries {
 		return fmt.Sprintf(`SELECT %s FROM %s WHERE consumer = $1 AND event_id IN (%s)`, claim, table, ids(idType)(n))
 	}
 	q := maintenanceQueries{
+		timeDefault: &localDefault{
+			query: fmt.Sprintf(`SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d
+	JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+	WHERE d.adrelid = %s AND a.attname = 'processed_at'`, reg),
+			local:   pgLocalDefault,
+			side:    "east",
+			migrate: fmt.Sprintf("ALTER TABLE %s ALTER COLUMN processed_at SET DEFAULT now()", table),
+		},
 		now: "SELECT " + pgUTC("now()"),
 		consumerStats: fmt.Sprintf(`SELECT consumer, count(*), %s, %s,
 	count(*) FILTER (WHERE processed_at >= now() - interval '1 hour'),

@@ -140,6 +140,12 @@ type purgeSession struct {
 	// one (SQLite), a round holding the only connection would make every
 	// claim wait for the whole round instead of one short batch.
 	yield bool
+	// margin lengthens every retention of the round, and localDefault
+	// says why: the table's processed_at default follows the writer's
+	// session (local_times.go).
+	margin       time.Duration
+	localDefault string
+	localErr     error // reading the default failed: margin kept
 }
 
 var _ maintenance.PurgeSession = (*purgeSession)(nil)
@@ -172,6 +178,15 @@ func (s *Store) beginPurge(ctx context.Context) (*purgeSession, *maintenance.Bus
 		if err := p.q.adapt(ctx, p.conn, &p.q); err != nil {
 			_ = p.Close()
 			return nil, nil, fmt.Errorf("sqlinbox: purge of %s: %w", s.table, err)
+		}
+	}
+	// Read every round, before any delete, so that a migration takes
+	// effect at the next one. A default that cannot be read keeps the
+	// margin: the purge goes on, a little later.
+	if md, ok := s.dialect.(maintenanceDialect); ok {
+		p.localDefault, p.localErr = localTimes(ctx, p.conn, md.maintenanceQueries(s.table, s.config))
+		if p.localErr != nil || p.localDefault != "" {
+			p.margin = localTimeMargin
 		}
 	}
 	return p, nil, nil
@@ -224,6 +239,7 @@ func (p *purgeSession) DeleteBatch(ctx context.Context, scope maintenance.PurgeS
 		return 0, err
 	}
 	defer release()
+	scope = widen(scope, p.margin)
 	attempt := func() (int64, error) { return p.deleteBatch(ctx, scope, limit, timeout) }
 	if p.q.waitForBatch != nil {
 		return p.q.waitForBatch(ctx, p.conn, attempt)
@@ -328,6 +344,7 @@ func (p *purgeSession) CountExpired(ctx context.Context, scope maintenance.Purge
 		return nil, err
 	}
 	defer release()
+	scope = widen(scope, p.margin)
 	rows, err := p.conn.QueryContext(ctx, p.q.countExpired(shapeOf(scope)), scopeArgs(scope)...)
 	if err != nil {
 		return nil, p.fail(ctx, "counting expired rows of", err)

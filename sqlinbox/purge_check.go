@@ -68,6 +68,12 @@ func (p *purgeSession) CheckTable(ctx context.Context) error {
 			return fmt.Errorf("sqlinbox: purging %s: %w: %s", p.s.table, maintenance.ErrTableMismatch, pc.foreignTimesProblem(p.s.table, col, n, example.String))
 		}
 	}
+	if p.localErr != nil {
+		return p.unchecked(ctx, "reading the processed_at default (the purge keeps rows 14 h past the retention) of", p.localErr)
+	}
+	if p.localDefault != "" {
+		return fmt.Errorf("sqlinbox: purging %s: %w: %s", p.s.table, maintenance.ErrLocalTimes, localTimesNote(q, p.localDefault))
+	}
 	return nil
 }
 

@@ -124,7 +124,7 @@ func (p *purgeSession) ExpiredPartitions(ctx context.Context, olderThan time.Dur
 	if err != nil {
 		return nil, err
 	}
-	cutoff, err := p.dbTime(ctx, olderThan)
+	cutoff, err := p.dbTime(ctx, widen(maintenance.PurgeScope{OlderThan: olderThan}, p.margin).OlderThan)
 	if err != nil {
 		return nil, err
 	}

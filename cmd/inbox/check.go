@@ -107,9 +107,12 @@ func printFindings(w io.Writer, findings []maintenance.Finding) int {
 		if len(f.Blocked) > 0 {
 			remedy = blockedRemedy
 		}
-		if f.OK {
+		switch {
+		case f.Warning != "":
+			fmt.Fprintf(w, "warn  %s: %s\n      %s\n", f.Aspect, f.Found, f.Warning)
+		case f.OK:
 			fmt.Fprintf(w, "ok    %s: %s\n", f.Aspect, f.Found)
-		} else {
+		default:
 			failed++
 			fmt.Fprintf(w, "FAIL  %s: %s, want %s\n", f.Aspect, f.Found, f.Want)
 		}

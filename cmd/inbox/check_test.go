@@ -28,11 +28,28 @@ func TestCheckPasses(t *testing.T) {
 			require.Contains(t, out, line)
 		}
 		require.NotContains(t, out, "FAIL")
+		require.NotContains(t, out, "warn ", "the schema's own default holds UTC")
 		require.True(t, strings.HasSuffix(out, "\nevery check passed, but the purge retention was not checked: give -retention and -broker-retention to check it\n"), out)
 
 		code, out, errOut = runCmd("check", "-dialect", tg.dialect, "-dsn", tg.readOnly(t, f.db, f.table), "-table", f.table)
 		require.Equal(t, exitOK, code, out+errOut)
 	})
+}
+
+// A MariaDB table whose processed_at defaults to the writer's session
+// time may hold claims of earlier releases in local time: inbox check
+// passes it, warns, and prints the migration.
+func TestCheckWarnsLocalTimeDefault(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mariadb)
+	_, err := f.db.Exec(fmt.Sprintf("ALTER TABLE %s MODIFY processed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)", f.table))
+	require.NoError(t, err)
+	code, out, errOut := f.run(t, "check")
+	require.Equal(t, exitOK, code, out+errOut)
+	require.Contains(t, out, "warn  processed_at default: current_timestamp(6)\n      processed_at defaults to current_timestamp(6), the writer's session time")
+	require.Contains(t, out, "the purge keeps every row 14 h past its retention")
+	require.Contains(t, out, fmt.Sprintf("ALTER TABLE `%s` MODIFY processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))\n", f.table))
+	require.NotContains(t, out, "FAIL")
 }
 
 // The purge retention must outlive the broker's plus the slack, for every

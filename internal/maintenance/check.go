@@ -9,8 +9,9 @@ const (
 	AspectColumns     = "columns"            // consumer, event_id, processed_at and their types
 	AspectFingerprint = "fingerprint column" // present when the configuration uses fingerprints
 	AspectPrimaryKey  = "primary key"
-	AspectIndex       = "processed_at index" // the purge's and OldestClaim's
-	AspectPartitions  = "partitions"         // the current period and those ahead, and the default partition
+	AspectIndex       = "processed_at index"   // the purge's and OldestClaim's
+	AspectPartitions  = "partitions"           // the current period and those ahead, and the default partition
+	AspectTimeDefault = "processed_at default" // found only when it writes local times
 )
 
 // TableCheck is what [Store.Check] found.
@@ -28,6 +29,9 @@ type Finding struct {
 	// Found is what the table has; Want, when not OK, what the
 	// configuration needs.
 	Found, Want string
+	// Warning, on a finding that is OK, is a suspicion: what may be
+	// wrong, what the library does about it, and what to do.
+	Warning string
 	// Blocked lists, for [AspectPartitions], the periods (the current one
 	// and those ahead) whose partition is missing and cannot be created,
 	// because the default partition holds rows of them.

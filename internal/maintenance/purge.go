@@ -25,6 +25,12 @@ var ErrTableMismatch = errors.New("the purge refuses this table")
 // goes on without the check rather than stop retention.
 var ErrUnchecked = errors.New("the purge could not check this table")
 
+// ErrLocalTimes means [PurgeSession.CheckTable] found a time column whose
+// default writes the writer's session time, so rows claimed while the claim
+// left the column to its default may look older than they are: the session
+// keeps every row that much past the retention, and the purge goes on.
+var ErrLocalTimes = errors.New("the purge keeps this table's rows past the retention")
+
 // ErrLockTimeout means DDL (creating or dropping a partition, creating the
 // table's index) did not get its table lock within the lock timeout, so as
 // not to keep claims queued behind it; nothing was changed. It is not
@@ -85,14 +91,14 @@ type PurgeSession interface {
 	// CheckTable verifies, before anything is deleted, that the purge
 	// compares the table's times correctly: the time column's type
 	// (PostgreSQL timestamptz of any precision, or a domain over it; MySQL
-	// DATETIME of any precision holding UTC, or TIMESTAMP in a UTC
-	// session), and on SQLite that every row's time is text in the one form
-	// that sorts as time. It refuses only a table on which the purge would
-	// delete rows inside the retention: the error wraps [ErrTableMismatch]
-	// and says what is wrong and how to migrate. When it cannot read what
-	// it needs, the error wraps [ErrUnchecked]. It reads the catalog (on
-	// SQLite the processed_at index, once through), so the purge runs it
-	// once.
+	// DATETIME of any precision), and on SQLite that every row's time is
+	// text in the one form that sorts as time. It refuses only a table on
+	// which the purge would delete rows inside the retention: the error
+	// wraps [ErrTableMismatch] and says what is wrong and how to migrate.
+	// When it cannot read what it needs, the error wraps [ErrUnchecked];
+	// when the session keeps rows past the retention, [ErrLocalTimes]. It
+	// reads the catalog (on SQLite the processed_at index, once through),
+	// so the purge runs it once.
 	CheckTable(ctx context.Context) error
 
 	// DeleteBatch deletes at most limit rows of scope, oldest first, in one
