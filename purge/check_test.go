@@ -153,7 +153,10 @@ func TestPostgreSQLTimestampWithoutTimeZone(t *testing.T) {
 	p := shortPurger(t, b.store, time.Hour)
 	err := refused(t, p)
 	require.ErrorContains(t, err, "processed_at is timestamp without time zone, want timestamp with time zone")
-	alter := `ALTER TABLE "` + table + `" ALTER COLUMN processed_at TYPE timestamptz USING processed_at AT TIME ZONE 'UTC'`
+	// The claims wrote the session's local time, in the server's default
+	// TimeZone (in the date matrix, 12 hours behind UTC or a zone with DST),
+	// which the migration reads them in.
+	alter := `ALTER TABLE "` + table + `" ALTER COLUMN processed_at TYPE timestamptz USING processed_at::timestamptz`
 	require.ErrorContains(t, err, alter)
 	_, err = db.Exec(alter)
 	require.NoError(t, err)

@@ -42,9 +42,8 @@ func (postgresql) timeTypeProblem(t tableName, column, found, want string) strin
 	using := column + "::timestamptz"
 	if strings.HasPrefix(found, "timestamp") && strings.HasSuffix(found, "without time zone") {
 		why = "a timestamp without time zone holds now() in each writer's TimeZone, so rows look older or younger by its offset"
-		using = column + " AT TIME ZONE 'UTC'"
 	}
-	return fmt.Sprintf("%s is %s, want %s: %s. Migrate (USING reads the values as UTC; name their zone if they were written in another): ALTER TABLE %s ALTER COLUMN %s TYPE timestamptz USING %s",
+	return fmt.Sprintf("%s is %s, want %s: %s. Migrate in a session at the writers' TimeZone (the server's default, unless they set another), in which USING reads the values: ALTER TABLE %s ALTER COLUMN %s TYPE timestamptz USING %s",
 		column, found, want, why, t.quoted('"'), column, using)
 }
 
