@@ -110,6 +110,9 @@ type Heartbeat struct {
 	// First marks the process's first heartbeat for the consumer: the
 	// store may then remove the consumer's leases that expired long ago.
 	First bool
+	// Timeout bounds the statements once the store has its connection;
+	// the wait for one is the context's. Zero: the store's own bound.
+	Timeout time.Duration
 }
 
 // TxPublisher builds, for one message, the publisher of the messages its

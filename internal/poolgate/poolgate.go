@@ -10,6 +10,10 @@
 // The gate belongs to the pool, not to a store: two stores (two tables) on
 // one pool each leaving "one" connection free would together leave none.
 // [For] hands every store of a pool the same gate.
+//
+// Work beside the claims (the lease's renewal) takes that free connection,
+// one caller at a time ([Gate.Beside]), so that it never holds one a claim
+// waits for.
 package poolgate
 
 import (
@@ -59,6 +63,9 @@ type Gate struct {
 	// takes the pool's own lock, which every query takes too.
 	size   atomic.Int64
 	readAt atomic.Int64 // unix nanoseconds
+	// spare holds a token while a caller of [Gate.Beside] holds the
+	// connection the claims leave free; made under mu.
+	spare chan struct{}
 }
 
 // refresh is how stale the pool size may be: a pool resized at run time
@@ -79,6 +86,33 @@ func (g *Gate) Enter(ctx context.Context, poolSize func() int) (Ticket, error) {
 	return Ticket{g: g, limit: limit}, nil
 }
 
+// Beside waits for a connection for work beside the claims: on a pool of
+// two or more, the one the claims leave free, held by one caller at a time,
+// so that the claims never wait for it (a handler asking the pool for a
+// second connection shares it); on a pool of one, the claims' only place,
+// in their queue; on a pool without a limit, nothing.
+func (g *Gate) Beside(ctx context.Context, poolSize func() int) (Ticket, error) {
+	limit := g.limit(poolSize)
+	if limit <= 0 {
+		return Ticket{}, nil
+	}
+	if g.Size() == 1 {
+		return g.Enter(ctx, poolSize)
+	}
+	g.mu.Lock()
+	if g.spare == nil {
+		g.spare = make(chan struct{}, 1)
+	}
+	spare := g.spare
+	g.mu.Unlock()
+	select {
+	case spare <- struct{}{}:
+		return Ticket{g: g, spare: true}, nil
+	case <-ctx.Done():
+		return Ticket{}, ctx.Err()
+	}
+}
+
 // Size is the pool size the gate last read, 0 for no limit.
 func (g *Gate) Size() int { return int(g.size.Load()) }
 
@@ -86,14 +120,19 @@ func (g *Gate) Size() int { return int(g.size.Load()) }
 type Ticket struct {
 	g     *Gate
 	limit int
+	spare bool // from [Gate.Beside], on the free connection
 }
 
 // Leave gives the place back; later calls do nothing.
 func (t *Ticket) Leave() {
-	if t.g != nil {
+	switch {
+	case t.g == nil:
+	case t.spare:
+		<-t.g.spare
+	default:
 		t.g.leave(t.limit)
-		t.g = nil
 	}
+	t.g = nil
 }
 
 // limit is how many connections the claims may hold: all but one, or the

@@ -1,0 +1,314 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/internal/testdb"
+	"github.com/watermill-inbox/inbox/sqlinbox"
+)
+
+// The lease never sits in a message's path: a renewal blocked by an
+// operator's lock on the lease table, or failing on a missing one, costs
+// the messages nothing, and is tried again on its own schedule.
+
+// leaseRig is a middleware on a real store, with its lease guard's clock
+// in the test's hands.
+type leaseRig struct {
+	store *sqlinbox.Store
+	mw    message.HandlerFunc
+	guard *leaseGuard
+	clock *testClock
+	log   *leaseLog
+	n     int
+}
+
+func newLeaseRig(t testing.TB, db *sql.DB, dialect sqlinbox.Dialect, table string) *leaseRig {
+	t.Helper()
+	log := &leaseLog{}
+	store, err := sqlinbox.New(db, sqlinbox.Config{Dialect: dialect, Table: table})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(context.Background()))
+	config := Config{Store: store, Consumer: "billing", Logger: log}
+	config.setDefaults()
+	require.NoError(t, config.validate())
+	e := newEngine(config)
+	r := &leaseRig{store: store, clock: &testClock{at: time.Now()}, log: log}
+	for _, g := range e.guards {
+		if lg, ok := g.(*leaseGuard); ok {
+			r.guard = lg
+		}
+	}
+	require.NotNil(t, r.guard)
+	r.guard.now = r.clock.now
+	r.mw = e.middleware(func(msg *message.Message) ([]*message.Message, error) {
+		TxNotNeeded(msg.Context())
+		return nil, nil
+	})
+	return r
+}
+
+// deliver processes one new event.
+func (r *leaseRig) deliver() error {
+	r.n++
+	msg := message.NewMessage(watermill.NewUUID(), nil)
+	msg.Metadata.Set(DefaultEventIDMetadataKey, fmt.Sprintf("ev-%d", r.n))
+	_, err := r.mw(msg)
+	return err
+}
+
+// lease is the consumer's lease.
+func (r *leaseRig) lease() *lease {
+	r.guard.mu.Lock()
+	defer r.guard.mu.Unlock()
+	return r.guard.leases["billing"]
+}
+
+// settled waits for the renewal under way, if any, to end.
+func (r *leaseRig) settled(t testing.TB) {
+	t.Helper()
+	require.Eventually(t, func() bool { return !r.lease().renewing.Load() }, time.Minute, time.Millisecond)
+}
+
+type testClock struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+func (c *testClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.at
+}
+
+func (c *testClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.at = c.at.Add(d)
+}
+
+// leaseLog keeps the lines about the lease's check, safe to read while a
+// renewal logs from its goroutine.
+type leaseLog struct {
+	mu               sync.Mutex
+	unchecked, again int
+	errors           []string
+}
+
+func (l *leaseLog) Info(msg string, fields watermill.LogFields) {
+	if fields["check"] != leaseCheck {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if strings.Contains(msg, "runs again") {
+		l.again++
+	} else {
+		l.unchecked++
+	}
+}
+
+func (l *leaseLog) Error(msg string, err error, _ watermill.LogFields) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.errors = append(l.errors, fmt.Sprintf("%s: %v", msg, err))
+}
+
+func (l *leaseLog) Debug(string, watermill.LogFields)                {}
+func (l *leaseLog) Trace(string, watermill.LogFields)                {}
+func (l *leaseLog) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+// said is the number of unchecked and recovered lines, and the errors.
+func (l *leaseLog) said() (unchecked, again int, errors []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.unchecked, l.again, append([]string(nil), l.errors...)
+}
+
+// operatorLock is a lock an operator takes on the lease table: hold takes
+// it on a connection of its own and returns its release; waiting counts
+// the server's sessions waiting on the table.
+type operatorLock struct {
+	name    string
+	dialect sqlinbox.Dialect
+	open    func(t testing.TB) *sql.DB
+	take    []string // run on the held connection; %s is the lease table
+	release string
+	waiting string // $1 / ? is a pattern of the lease table's name
+}
+
+var operatorLocks = []operatorLock{
+	{
+		name: "PostgreSQL DELETE in an open transaction", dialect: sqlinbox.PostgreSQL,
+		open: func(t testing.TB) *sql.DB { return testdb.PostgresIfServed(t, "pgx") },
+		take: []string{"BEGIN", "DELETE FROM %s"}, release: "COMMIT",
+		waiting: "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+	},
+	{
+		name: "PostgreSQL LOCK TABLE", dialect: sqlinbox.PostgreSQL,
+		open: func(t testing.TB) *sql.DB { return testdb.PostgresIfServed(t, "pgx") },
+		take: []string{"BEGIN", "LOCK TABLE %s"}, release: "COMMIT",
+		waiting: "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+	},
+	{
+		name: "MariaDB LOCK TABLES WRITE", dialect: sqlinbox.MySQL,
+		open: testdb.MySQLIfServed,
+		take: []string{"LOCK TABLES %s WRITE"}, release: "UNLOCK TABLES",
+		waiting: "SELECT count(*) FROM information_schema.processlist WHERE state LIKE 'Waiting for table metadata lock' AND info LIKE ?",
+	},
+}
+
+// hold takes the lock on table's lease table and returns its release.
+func (o operatorLock) hold(t testing.TB, db *sql.DB, leases string) (release func()) {
+	t.Helper()
+	conn, err := db.Conn(context.Background())
+	require.NoError(t, err)
+	for _, stmt := range o.take {
+		if strings.Contains(stmt, "%s") {
+			stmt = fmt.Sprintf(stmt, leases)
+		}
+		_, err := conn.ExecContext(context.Background(), stmt)
+		require.NoError(t, err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			_, err := conn.ExecContext(context.Background(), o.release)
+			require.NoError(t, err)
+			require.NoError(t, conn.Close())
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// waiters counts the server's sessions waiting for a lock on leases.
+func (o operatorLock) waiters(t testing.TB, db *sql.DB, leases string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(o.waiting, "%"+leases+"%").Scan(&n))
+	return n
+}
+
+// Each of the operator's locks held on the lease table for the test's
+// duration, on a pool of two, with the renewal due: the renewal waits for
+// the lock beside the messages (its timeout lengthened to outlast the
+// test), and 50 messages complete while it still waits. Once the lock is
+// released, the renewal completes and the lease is live again.
+func TestLeaseRenewalWaitsBesideTheMessages(t *testing.T) {
+	t.Parallel()
+	const messages = 50
+	for _, lock := range operatorLocks {
+		t.Run(lock.name, func(t *testing.T) {
+			t.Parallel()
+			db := lock.open(t)
+			db.SetMaxOpenConns(2)
+			operator := lock.open(t)
+			r := newLeaseRig(t, db, lock.dialect, testdb.Table(t, db, "inbox"))
+			r.guard.timeout = time.Hour
+			require.NoError(t, r.deliver(), "the first reading, before the lock")
+			require.True(t, r.lease().live.Load())
+			leases := r.store.LeaseTable()
+
+			release := lock.hold(t, operator, leases)
+			r.clock.add(leaseRenew)
+			done := make(chan error, 1)
+			go func() { // the first starts the renewal
+				var err error
+				for i := 0; i < messages && err == nil; i++ {
+					err = r.deliver()
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(time.Minute): // bounds a failure only
+				t.Fatalf("the messages wait for the renewal")
+			}
+			require.Eventually(t, func() bool { return lock.waiters(t, operator, leases) == 1 }, time.Minute, 10*time.Millisecond,
+				"%d messages completed while the renewal waits for the operator's lock", messages)
+			require.True(t, r.lease().renewing.Load())
+
+			release()
+			r.settled(t)
+			require.True(t, r.lease().live.Load(), "the renewal caught up after the release")
+			require.Greater(t, r.lease().due.Load(), r.clock.now().UnixNano())
+			unchecked, _, errs := r.log.said()
+			require.Zero(t, unchecked)
+			require.Empty(t, errs)
+		})
+	}
+}
+
+// The lease table dropped (an upgrade whose role cannot create it): 300
+// messages send one statement to it, said once; the next is sent an hour
+// later, and once the table exists again, the recovery is said once.
+// Statements are counted at the driver, around the real one.
+func TestMissingLeaseTableTriedOnceAnHour(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		dialect sqlinbox.Dialect
+		open    func(t testing.TB) (*sql.DB, string, string)
+	}{
+		{"PostgreSQL", sqlinbox.PostgreSQL, func(t testing.TB) (*sql.DB, string, string) {
+			return testdb.PostgresIfServed(t, "pgx"), "pgx", testdb.PostgresDSN()
+		}},
+		{"MariaDB", sqlinbox.MySQL, func(t testing.TB) (*sql.DB, string, string) {
+			return testdb.MySQLIfServed(t), "mysql", testdb.MySQLDSN()
+		}},
+		{"SQLite", sqlinbox.SQLite, func(t testing.TB) (*sql.DB, string, string) {
+			return testdb.SQLite(t), "sqlite", sqlinbox.SQLiteDSN(testdb.SQLiteFile(t))
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			admin, driver, dsn := c.open(t)
+			table := testdb.Table(t, admin, "inbox")
+			db, statements := testdb.Counted(t, driver, dsn, table+"_leases")
+			r := newLeaseRig(t, db, c.dialect, table)
+			_, err := admin.Exec("DROP TABLE " + r.store.LeaseTable())
+			require.NoError(t, err)
+			base := statements.Count() // CreateSchema's
+
+			for range 300 {
+				require.NoError(t, r.deliver())
+			}
+			r.settled(t)
+			require.Equal(t, int64(1), statements.Count()-base, "one statement for 300 messages")
+			unchecked, again, errs := r.log.said()
+			require.Equal(t, [2]int{1, 0}, [2]int{unchecked, again}, "said once")
+			require.Empty(t, errs)
+
+			r.clock.add(leaseRecheck - time.Second)
+			require.NoError(t, r.deliver())
+			r.settled(t)
+			require.Equal(t, int64(1), statements.Count()-base, "not before the hour")
+			r.clock.add(time.Second)
+			for range 10 {
+				require.NoError(t, r.deliver())
+			}
+			r.settled(t)
+			require.Equal(t, int64(2), statements.Count()-base, "one more at the hour")
+
+			require.NoError(t, r.store.CreateSchema(context.Background()))
+			r.clock.add(leaseRecheck)
+			require.NoError(t, r.deliver())
+			r.settled(t)
+			require.True(t, r.lease().live.Load())
+			unchecked, again, errs = r.log.said()
+			require.Equal(t, [2]int{1, 1}, [2]int{unchecked, again}, "the outage and the recovery said once each")
+			require.Empty(t, errs)
+		})
+	}
+}
