@@ -138,30 +138,34 @@ func (l *leaseLog) said() (unchecked, again int, errors []string) {
 // it on a connection of its own and returns its release; waiting counts
 // the server's sessions waiting on the table.
 type operatorLock struct {
-	name    string
-	dialect sqlinbox.Dialect
-	open    func(t testing.TB) *sql.DB
-	take    []string // run on the held connection; %s is the lease table
-	release string
-	waiting string // $1 / ? is a pattern of the lease table's name
+	name        string
+	dialect     sqlinbox.Dialect
+	open        func(t testing.TB) *sql.DB
+	driver, dsn string
+	take        []string // run on the held connection; %s is the lease table
+	release     string
+	waiting     string // $1 / ? is a pattern of the lease table's name
 }
 
 var operatorLocks = []operatorLock{
 	{
 		name: "PostgreSQL DELETE in an open transaction", dialect: sqlinbox.PostgreSQL,
-		open: func(t testing.TB) *sql.DB { return testdb.PostgresIfServed(t, "pgx") },
+		open:   func(t testing.TB) *sql.DB { return testdb.PostgresIfServed(t, "pgx") },
+		driver: "pgx", dsn: testdb.PostgresDSN(),
 		take: []string{"BEGIN", "DELETE FROM %s"}, release: "COMMIT",
 		waiting: "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
 	},
 	{
 		name: "PostgreSQL LOCK TABLE", dialect: sqlinbox.PostgreSQL,
-		open: func(t testing.TB) *sql.DB { return testdb.PostgresIfServed(t, "pgx") },
+		open:   func(t testing.TB) *sql.DB { return testdb.PostgresIfServed(t, "pgx") },
+		driver: "pgx", dsn: testdb.PostgresDSN(),
 		take: []string{"BEGIN", "LOCK TABLE %s"}, release: "COMMIT",
 		waiting: "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
 	},
 	{
 		name: "MariaDB LOCK TABLES WRITE", dialect: sqlinbox.MySQL,
-		open: testdb.MySQLIfServed,
+		open:   testdb.MySQLIfServed,
+		driver: "mysql", dsn: testdb.MySQLDSN(),
 		take: []string{"LOCK TABLES %s WRITE"}, release: "UNLOCK TABLES",
 		waiting: "SELECT count(*) FROM information_schema.processlist WHERE state LIKE 'Waiting for table metadata lock' AND info LIKE ?",
 	},
@@ -246,6 +250,55 @@ func TestLeaseRenewalWaitsBesideTheMessages(t *testing.T) {
 			unchecked, _, errs := r.log.said()
 			require.Zero(t, unchecked)
 			require.Empty(t, errs)
+		})
+	}
+}
+
+// Each operator lock held while the renewal's statements are bounded by
+// 100 ms: a renewal ends by itself, its connection back in the pool, while
+// the lock holds; the next one is sent leaseRetry later, not at the next
+// message; the episode is said once, and the recovery once after the
+// release. Statements are counted at the driver, around the real one.
+func TestLeaseRenewalEndsByItselfUnderALock(t *testing.T) {
+	t.Parallel()
+	for _, lock := range operatorLocks {
+		t.Run(lock.name, func(t *testing.T) {
+			t.Parallel()
+			operator := lock.open(t)
+			table := testdb.Table(t, operator, "inbox")
+			db, statements := testdb.Counted(t, lock.driver, lock.dsn, table+"_leases")
+			db.SetMaxOpenConns(2)
+			r := newLeaseRig(t, db, lock.dialect, table)
+			r.guard.timeout = 100 * time.Millisecond
+			require.NoError(t, r.deliver())
+			release := lock.hold(t, operator, r.store.LeaseTable())
+
+			base := statements.Count()
+			r.clock.add(leaseRenew - leaseRetry)
+			for try := range 3 {
+				r.clock.add(leaseRetry)
+				for range 20 {
+					require.NoError(t, r.deliver())
+				}
+				r.settled(t)
+				require.Zero(t, db.Stats().InUse, "the renewal gave its connection back")
+				for range 20 { // after the failure, before the retry is due
+					require.NoError(t, r.deliver())
+				}
+				r.settled(t)
+				require.Equal(t, int64(try+1), statements.Count()-base, "one statement per retry, not per message")
+			}
+			unchecked, again, errs := r.log.said()
+			require.Equal(t, [2]int{1, 0}, [2]int{unchecked, again}, "said once")
+			require.Empty(t, errs)
+
+			release()
+			r.clock.add(leaseRetry)
+			require.NoError(t, r.deliver())
+			r.settled(t)
+			require.True(t, r.lease().live.Load())
+			unchecked, again, _ = r.log.said()
+			require.Equal(t, [2]int{1, 1}, [2]int{unchecked, again}, "the recovery said once")
 		})
 	}
 }
