@@ -101,7 +101,7 @@ func (c *testClock) add(d time.Duration) {
 type leaseLog struct {
 	mu               sync.Mutex
 	unchecked, again int
-	errors           []string
+	reasons, errors  []string
 }
 
 func (l *leaseLog) Info(msg string, fields watermill.LogFields) {
@@ -114,6 +114,7 @@ func (l *leaseLog) Info(msg string, fields watermill.LogFields) {
 		l.again++
 	} else {
 		l.unchecked++
+		l.reasons = append(l.reasons, fmt.Sprint(fields["reason"]))
 	}
 }
 
@@ -132,6 +133,13 @@ func (l *leaseLog) said() (unchecked, again int, errors []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.unchecked, l.again, append([]string(nil), l.errors...)
+}
+
+// firstReason is the reason the first unchecked line gave.
+func (l *leaseLog) firstReason() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.reasons[0]
 }
 
 // operatorLock is a lock an operator takes on the lease table: hold takes
@@ -291,6 +299,7 @@ func TestLeaseRenewalEndsByItselfUnderALock(t *testing.T) {
 			unchecked, again, errs := r.log.said()
 			require.Equal(t, [2]int{1, 0}, [2]int{unchecked, again}, "said once")
 			require.Empty(t, errs)
+			require.Contains(t, r.log.firstReason(), "not renewed within its timeout")
 
 			release()
 			r.clock.add(leaseRetry)
