@@ -302,6 +302,7 @@ func TestLeaseRenewalEndsByItselfUnderALock(t *testing.T) {
 			require.Contains(t, r.log.firstReason(), "not renewed within its timeout")
 
 			release()
+			r.guard.timeout = time.Minute // no renewal under way: settled
 			r.clock.add(leaseRetry)
 			require.NoError(t, r.deliver())
 			r.settled(t)
