@@ -115,11 +115,11 @@ func (s *Store) LeaseTable() string { return s.table.derived(leaseSuffix).String
 // Heartbeat implements [inboxdriver.ConsumerRegistry]: it renews h's lease
 // and lists the other services with a live lease on h.Consumer. Statements
 // outside any transaction, so that the list sees the leases of services
-// that renewed concurrently; h.Timeout bounds them. It takes the connection the
-// claims leave free, one heartbeat of the pool at a time, so that a
-// heartbeat blocked by a lock on the lease table never holds one a claim
-// waits for; on a pool of one, the only connection, waited for behind the
-// claims rather than in the pool's queue, where it would be taken for a
+// that renewed concurrently; h.Timeout bounds them. It takes the
+// connection the claims leave free, one heartbeat of the pool at a time, so
+// that a heartbeat blocked by a lock on the lease table never holds one a
+// claim waits for; on a pool of one, the only connection, waited for behind
+// the claims rather than in the pool's queue, where it would be taken for a
 // handler waiting for itself ([Store.watchPoolOfOne]).
 func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
 	ticket, err := s.gate.Beside(ctx, s.poolSize)

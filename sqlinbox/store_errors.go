@@ -88,8 +88,9 @@ func (s *Store) maintenanceErr(doing string, err error) error {
 }
 
 // leaseErr says what kept a lease from being renewed: a lock or the
-// database out of reach (the middleware tries again soon), the lease table missing or out
-// of the role's privileges (which only a migration or a grant mends).
+// database out of reach (the middleware tries again soon), the lease table
+// missing or out of the role's privileges (which only a migration or a
+// grant mends).
 func (s *Store) leaseErr(err error) error {
 	table := s.LeaseTable()
 	switch {
