@@ -186,6 +186,11 @@ func (g *leaseGuard) renew(ctx context.Context, consumer string, l *lease) {
 			return
 		}
 		wait := leaseRetry
+		if errors.Is(err, inboxdriver.ErrGaveWay) {
+			// A claim needed the connection: nothing is known.
+			l.due.Store(g.now().Add(wait).UnixNano())
+			return
+		}
 		if errors.Is(err, inboxdriver.ErrNoLease) {
 			wait = leaseRecheck
 		}

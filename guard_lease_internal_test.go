@@ -66,6 +66,26 @@ func (r *leaseRig) deliver() error {
 	return err
 }
 
+// deliverBeside processes n new events while a renewal may wait for a
+// lock, and fails if they wait for it.
+func (r *leaseRig) deliverBeside(t testing.TB, n int) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		for i := 0; i < n && err == nil; i++ {
+			err = r.deliver()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute): // bounds a failure only
+		t.Fatalf("the messages wait for the renewal")
+	}
+}
+
 // lease is the consumer's lease.
 func (r *leaseRig) lease() *lease {
 	r.guard.mu.Lock()
@@ -179,6 +199,21 @@ var operatorLocks = []operatorLock{
 	},
 }
 
+// countedRig is a rig on a pool of size connections whose statements to
+// the lease table are counted, after its first reading, its renewals
+// bounded by timeout; operator is a pool for the lock.
+func (o operatorLock) countedRig(t testing.TB, size int, timeout time.Duration) (operator, db *sql.DB, statements *testdb.Statements, r *leaseRig) {
+	t.Helper()
+	operator = o.open(t)
+	table := testdb.Table(t, operator, "inbox")
+	db, statements = testdb.Counted(t, o.driver, o.dsn, table+"_leases")
+	db.SetMaxOpenConns(size)
+	r = newLeaseRig(t, db, o.dialect, table)
+	r.guard.timeout = timeout
+	require.NoError(t, r.deliver())
+	return operator, db, statements, r
+}
+
 // hold takes the lock on table's lease table and returns its release.
 func (o operatorLock) hold(t testing.TB, db *sql.DB, leases string) (release func()) {
 	t.Helper()
@@ -222,31 +257,13 @@ func TestLeaseRenewalWaitsBesideTheMessages(t *testing.T) {
 	for _, lock := range operatorLocks {
 		t.Run(lock.name, func(t *testing.T) {
 			t.Parallel()
-			db := lock.open(t)
-			db.SetMaxOpenConns(2)
-			operator := lock.open(t)
-			r := newLeaseRig(t, db, lock.dialect, testdb.Table(t, db, "inbox"))
-			r.guard.timeout = time.Hour
-			require.NoError(t, r.deliver(), "the first reading, before the lock")
-			require.True(t, r.lease().live.Load())
+			operator, _, _, r := lock.countedRig(t, 2, time.Hour)
+			require.True(t, r.lease().live.Load(), "the first reading, before the lock")
 			leases := r.store.LeaseTable()
 
 			release := lock.hold(t, operator, leases)
 			r.clock.add(leaseRenew)
-			done := make(chan error, 1)
-			go func() { // the first starts the renewal
-				var err error
-				for i := 0; i < messages && err == nil; i++ {
-					err = r.deliver()
-				}
-				done <- err
-			}()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(time.Minute): // bounds a failure only
-				t.Fatalf("the messages wait for the renewal")
-			}
+			r.deliverBeside(t, messages) // the first starts the renewal
 			require.Eventually(t, func() bool { return lock.waiters(t, operator, leases) == 1 }, time.Minute, 10*time.Millisecond,
 				"%d messages completed while the renewal waits for the operator's lock", messages)
 			require.True(t, r.lease().renewing.Load())
@@ -262,6 +279,35 @@ func TestLeaseRenewalWaitsBesideTheMessages(t *testing.T) {
 	}
 }
 
+// Each operator lock held on a pool of one, with the renewal due and its
+// timeout lengthened to outlast the test: the renewal holds the only
+// connection only until a claim comes to wait for it, so 50 messages
+// complete while the lock holds, and the renewal that gave way is tried
+// again leaseRetry later, saying nothing.
+func TestLeaseRenewalGivesWayOnAPoolOfOne(t *testing.T) {
+	t.Parallel()
+	for _, lock := range operatorLocks {
+		t.Run(lock.name, func(t *testing.T) {
+			t.Parallel()
+			operator, _, statements, r := lock.countedRig(t, 1, time.Hour)
+			lock.hold(t, operator, r.store.LeaseTable())
+			r.clock.add(leaseRenew)
+			base := statements.Count()
+			r.guard.start("billing", r.lease()) // as a message finding it due
+			require.Eventually(t, func() bool { return lock.waiters(t, operator, r.store.LeaseTable()) == 1 }, time.Minute, 10*time.Millisecond,
+				"the renewal holds the only connection, waiting for the lock")
+
+			r.deliverBeside(t, 50)
+			r.settled(t)
+			require.Equal(t, int64(1), statements.Count()-base, "one try, given up for a claim")
+			require.Greater(t, r.lease().due.Load(), r.clock.now().UnixNano(), "tried again later")
+			unchecked, again, errs := r.log.said()
+			require.Equal(t, [2]int{0, 0}, [2]int{unchecked, again}, "nothing to say")
+			require.Empty(t, errs)
+		})
+	}
+}
+
 // Each operator lock held while the renewal's statements are bounded by
 // 100 ms: a renewal ends by itself, its connection back in the pool, while
 // the lock holds; the next one is sent leaseRetry later, not at the next
@@ -272,13 +318,7 @@ func TestLeaseRenewalEndsByItselfUnderALock(t *testing.T) {
 	for _, lock := range operatorLocks {
 		t.Run(lock.name, func(t *testing.T) {
 			t.Parallel()
-			operator := lock.open(t)
-			table := testdb.Table(t, operator, "inbox")
-			db, statements := testdb.Counted(t, lock.driver, lock.dsn, table+"_leases")
-			db.SetMaxOpenConns(2)
-			r := newLeaseRig(t, db, lock.dialect, table)
-			r.guard.timeout = 100 * time.Millisecond
-			require.NoError(t, r.deliver())
+			operator, db, statements, r := lock.countedRig(t, 2, 100*time.Millisecond)
 			release := lock.hold(t, operator, r.store.LeaseTable())
 
 			base := statements.Count()

@@ -107,7 +107,7 @@ func (s *Store) LeaseTable() string { return s.sql.LeaseTable() }
 // [sqlinbox.Store.Heartbeat] does, on the connection of the pool the claims
 // leave free.
 func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
-	ticket, err := s.gate.Beside(ctx, s.poolSize)
+	ctx, ticket, err := s.gate.Beside(ctx, s.poolSize)
 	if err != nil {
 		return nil, fmt.Errorf("pgxinbox: waiting for the connection the claims leave free: %w", err)
 	}

@@ -2,6 +2,7 @@ package sqlinbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -120,13 +121,23 @@ func (s *Store) LeaseTable() string { return s.table.derived(leaseSuffix).String
 // that a heartbeat blocked by a lock on the lease table never holds one a
 // claim waits for; on a pool of one, the only connection, waited for behind
 // the claims rather than in the pool's queue, where it would be taken for a
-// handler waiting for itself ([Store.watchPoolOfOne]).
+// handler waiting for itself ([Store.watchPoolOfOne]), and given up, with
+// [inboxdriver.ErrGaveWay], as soon as a claim waits for it.
 func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
-	ticket, err := s.gate.Beside(ctx, s.poolSize)
+	ctx, ticket, err := s.gate.Beside(ctx, s.poolSize)
 	if err != nil {
 		return nil, fmt.Errorf("sqlinbox: waiting for the connection the claims leave free: %w", err)
 	}
 	defer ticket.Leave()
+	others, err := s.heartbeat(ctx, h)
+	if err != nil && errors.Is(context.Cause(ctx), inboxdriver.ErrGaveWay) {
+		return nil, fmt.Errorf("sqlinbox: renewing the lease in %s: %w", s.LeaseTable(), inboxdriver.ErrGaveWay)
+	}
+	return others, err
+}
+
+// heartbeat is [Store.Heartbeat] on the connection it waited for.
+func (s *Store) heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
 	timeout := h.Timeout
 	if timeout <= 0 {
 		timeout = heartbeatTimeout

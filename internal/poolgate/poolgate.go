@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 // gates holds the gate of each pool still in use, by a weak pointer to the
@@ -66,6 +68,9 @@ type Gate struct {
 	// spare holds a token while a caller of [Gate.Beside] holds the
 	// connection the claims leave free; made under mu.
 	spare chan struct{}
+	// giveWay cancels the caller of [Gate.Beside] holding the only place
+	// of a pool of one, for a claim come to wait; under mu.
+	giveWay func()
 }
 
 // refresh is how stale the pool size may be: a pool resized at run time
@@ -89,15 +94,30 @@ func (g *Gate) Enter(ctx context.Context, poolSize func() int) (Ticket, error) {
 // Beside waits for a connection for work beside the claims: on a pool of
 // two or more, the one the claims leave free, held by one caller at a time,
 // so that the claims never wait for it (a handler asking the pool for a
-// second connection shares it); on a pool of one, the claims' only place,
-// in their queue; on a pool without a limit, nothing.
-func (g *Gate) Beside(ctx context.Context, poolSize func() int) (Ticket, error) {
+// second connection shares it); on a pool without a limit, nothing. On a
+// pool of one, the claims' only place, in their queue, and it gives way:
+// the context it returns is cancelled, with the cause
+// [inboxdriver.ErrGaveWay], as soon as a claim waits for the place.
+func (g *Gate) Beside(ctx context.Context, poolSize func() int) (context.Context, Ticket, error) {
 	limit := g.limit(poolSize)
 	if limit <= 0 {
-		return Ticket{}, nil
+		return ctx, Ticket{}, nil
 	}
 	if g.Size() == 1 {
-		return g.Enter(ctx, poolSize)
+		t, err := g.Enter(ctx, poolSize)
+		if err != nil {
+			return ctx, t, err
+		}
+		ctx, cancel := context.WithCancelCause(ctx)
+		t.cancel = cancel
+		g.mu.Lock()
+		if len(g.waiting) > 0 {
+			cancel(inboxdriver.ErrGaveWay)
+		} else {
+			g.giveWay = func() { cancel(inboxdriver.ErrGaveWay) }
+		}
+		g.mu.Unlock()
+		return ctx, t, nil
 	}
 	g.mu.Lock()
 	if g.spare == nil {
@@ -107,9 +127,9 @@ func (g *Gate) Beside(ctx context.Context, poolSize func() int) (Ticket, error) 
 	g.mu.Unlock()
 	select {
 	case spare <- struct{}{}:
-		return Ticket{g: g, spare: true}, nil
+		return ctx, Ticket{g: g, spare: true}, nil
 	case <-ctx.Done():
-		return Ticket{}, ctx.Err()
+		return ctx, Ticket{}, ctx.Err()
 	}
 }
 
@@ -118,9 +138,10 @@ func (g *Gate) Size() int { return int(g.size.Load()) }
 
 // Ticket is one claim's place in its [Gate].
 type Ticket struct {
-	g     *Gate
-	limit int
-	spare bool // from [Gate.Beside], on the free connection
+	g      *Gate
+	limit  int
+	spare  bool                    // from [Gate.Beside], on the free connection
+	cancel context.CancelCauseFunc // from [Gate.Beside], on a pool of one
 }
 
 // Leave gives the place back; later calls do nothing.
@@ -129,6 +150,12 @@ func (t *Ticket) Leave() {
 	case t.g == nil:
 	case t.spare:
 		<-t.g.spare
+	case t.cancel != nil:
+		t.g.mu.Lock()
+		t.g.giveWay = nil
+		t.g.mu.Unlock()
+		t.cancel(nil)
+		t.g.leave(t.limit)
 	default:
 		t.g.leave(t.limit)
 	}
@@ -159,6 +186,10 @@ func (g *Gate) enter(ctx context.Context, limit int) error {
 	}
 	turn := make(chan struct{})
 	g.waiting = append(g.waiting, turn)
+	if g.giveWay != nil {
+		g.giveWay()
+		g.giveWay = nil
+	}
 	g.mu.Unlock()
 	select {
 	case <-turn:

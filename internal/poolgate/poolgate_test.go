@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 func size(n int) func() int { return func() int { return n } }
@@ -38,12 +40,12 @@ func entered(t *testing.T, enter func(ctx context.Context) (Ticket, error)) (fun
 func TestBesideTakesTheFreeConnection(t *testing.T) {
 	t.Parallel()
 	g := &Gate{}
-	beside, err := g.Beside(context.Background(), size(2))
+	_, beside, err := g.Beside(context.Background(), size(2))
 	require.NoError(t, err)
 	claim, err := g.Enter(context.Background(), size(2))
 	require.NoError(t, err, "the claims' place is not taken by the work beside them")
 
-	in, second := entered(t, func(ctx context.Context) (Ticket, error) { return g.Beside(ctx, size(2)) })
+	in, second := entered(t, func(ctx context.Context) (Ticket, error) { _, t, err := g.Beside(ctx, size(2)); return t, err })
 	require.False(t, in(), "one caller beside at a time")
 	beside.Leave()
 	ticket := <-second
@@ -51,33 +53,48 @@ func TestBesideTakesTheFreeConnection(t *testing.T) {
 	claim.Leave()
 
 	ctx, cancel := context.WithCancel(context.Background())
-	held, err := g.Beside(ctx, size(2))
+	_, held, err := g.Beside(ctx, size(2))
 	require.NoError(t, err)
 	cancel()
-	_, err = g.Beside(ctx, size(2))
+	_, _, err = g.Beside(ctx, size(2))
 	require.ErrorIs(t, err, context.Canceled, "a cancelled wait gives up")
 	held.Leave()
-	again, err := g.Beside(context.Background(), size(2))
+	_, again, err := g.Beside(context.Background(), size(2))
 	require.NoError(t, err, "the place was given back")
 	again.Leave()
 }
 
-// On a pool of one, work beside the claims waits in their queue; on a pool
-// without a limit, it never waits.
-func TestBesideOnAPoolOfOneQueuesWithTheClaims(t *testing.T) {
+// On a pool of one, work beside the claims waits in their queue, and gives
+// way as soon as a claim comes to wait; on a pool without a limit, it never
+// waits.
+func TestBesideOnAPoolOfOneGivesWay(t *testing.T) {
 	t.Parallel()
 	g := &Gate{}
 	claim, err := g.Enter(context.Background(), size(1))
 	require.NoError(t, err)
-	in, beside := entered(t, func(ctx context.Context) (Ticket, error) { return g.Beside(ctx, size(1)) })
+	var besideCtx context.Context
+	in, beside := entered(t, func(ctx context.Context) (Ticket, error) {
+		c, t, err := g.Beside(ctx, size(1))
+		besideCtx = c
+		return t, err
+	})
 	require.False(t, in(), "behind the claim holding the only connection")
 	claim.Leave()
 	ticket := <-beside
+	require.NoError(t, besideCtx.Err(), "nobody waits")
+
+	in, next := entered(t, func(ctx context.Context) (Ticket, error) { return g.Enter(ctx, size(1)) })
+	<-besideCtx.Done()
+	require.ErrorIs(t, context.Cause(besideCtx), inboxdriver.ErrGaveWay, "a claim came to wait")
+	require.False(t, in(), "until the work beside leaves")
 	ticket.Leave()
+	claim = <-next
+	claim.Leave()
 
 	unlimited := &Gate{}
 	for range 3 {
-		_, err := unlimited.Beside(context.Background(), size(0))
+		ctx, _, err := unlimited.Beside(context.Background(), size(0))
 		require.NoError(t, err)
+		require.NoError(t, ctx.Err())
 	}
 }
