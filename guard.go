@@ -19,10 +19,11 @@ import (
 //
 // A guard refuses a message only on proof that processing it would lose or
 // double an effect; on suspicion it warns through the [reporter] it was
-// built with, and the message goes on. Nothing of a guard runs outside a
-// message's call: what it does in the database it does in the message's
-// time and context, so that it ends with the router (which waits for the
-// messages in flight) and never outlives it.
+// built with, and the message goes on. What a guard does in the database
+// it does in the message's time and context, so that it ends with the
+// router (which waits for the messages in flight); the one exception, the
+// lease's renewal, runs beside a message so that a blocked lease table
+// never slows one, and ends within its own short timeout.
 type guard interface {
 	// beforeClaim looks at a message before any SQL of the inbox's own;
 	// an error ends the message with it ([errAck]: acked, the handler not

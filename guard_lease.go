@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -30,17 +31,24 @@ import (
 // process stopped claiming, so a rename or a test is forgotten within a
 // minute.
 //
-// The lease is read and renewed by the message that finds it due, before
-// its claim, in the message's context: the first message of each consumer
-// waits for the first reading (so that a process sees a clash before it
-// acks a duplicate), later ones renew it every leaseRenew. Nothing runs
-// between messages, so nothing outlives the router.
+// The first message of each consumer reads the lease before its claim (so
+// that a process sees a clash before it acks a duplicate). Later renewals
+// never sit in a message's path: the message that finds one due starts it
+// beside itself, in a goroutine with a context of its own, one at a time
+// per consumer, on the connection the claims leave free (one renewal of
+// the pool at a time), its statements bounded by leaseTimeout. So a lease
+// table locked by an operator or missing costs the messages nothing, and
+// the goroutine ends within leaseTimeout of getting its connection, whether
+// or not the router still runs.
 const (
 	leaseTTL   = inboxdriver.LeaseTTL
 	leaseRenew = inboxdriver.LeaseRenewal
+	// leaseTimeout bounds a renewal's statements.
+	leaseTimeout = 5 * time.Second
 	// leaseRetry is how soon a renewal that failed (the database out of
-	// reach) is tried again; leaseRecheck, one that failed with
-	// [inboxdriver.ErrNoLease], which only a migration or a grant mends.
+	// reach, the table locked) is tried again; leaseRecheck, one that
+	// failed with [inboxdriver.ErrNoLease], which only a migration or a
+	// grant mends.
 	leaseRetry   = 5 * time.Second
 	leaseRecheck = time.Hour
 )
@@ -56,6 +64,8 @@ type leaseGuard struct {
 	service  string
 	instance string
 	report   *reporter
+	now      func() time.Time // time.Now; tests move it
+	timeout  time.Duration    // leaseTimeout; tests lengthen it
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -66,9 +76,12 @@ type lease struct {
 	read     chan struct{} // closed once the first renewal was tried
 	due      atomic.Int64  // unix nanoseconds of the next renewal
 	renewing atomic.Bool
-	sent     atomic.Int64           // the version of the warnings the last renewal carried
-	others   atomic.Pointer[string] // the other services with a live lease, "" for none
-	renewed  bool                   // a renewal has succeeded; under renewing
+	// live: the last renewal succeeded, so a change of the warnings is
+	// carried at once; after a failure the next try waits for due.
+	live    atomic.Bool
+	sent    atomic.Int64           // the version of the warnings the last renewal carried
+	others  atomic.Pointer[string] // the other services with a live lease, "" for none
+	renewed bool                   // a renewal has succeeded; under renewing
 }
 
 func newLeaseGuard(d guardDeps) guard {
@@ -76,25 +89,21 @@ func newLeaseGuard(d guardDeps) guard {
 	if r == nil {
 		return guardDefaults{}
 	}
-	return &leaseGuard{registry: r, service: d.config.Service, instance: instanceName(), report: d.report}
+	return &leaseGuard{registry: r, service: d.config.Service, instance: instanceName(), report: d.report, now: time.Now, timeout: leaseTimeout}
 }
 
-// beforeClaim reads the consumer's leases before its first claim, renews
-// them when due, and warns while another service holds one.
+// beforeClaim reads the consumer's leases before its first claim, starts
+// their renewal when due, and warns while another service holds one.
 func (g *leaseGuard) beforeClaim(v *visit) error {
-	ctx := v.msg.Context()
 	l, first := g.lease(v.consumer)
 	switch {
 	case first:
-		g.renew(v, l)
+		g.renew(v.msg.Context(), v.consumer, l)
 		close(l.read)
 	case !g.wait(v, l):
 		return nil // cancelled: the claim will say so
-	case time.Now().UnixNano() >= l.due.Load() && l.renewing.CompareAndSwap(false, true):
-		g.renew(v, l)
-	}
-	if ctx.Err() != nil {
-		return nil
+	case g.now().UnixNano() >= l.due.Load():
+		g.start(v.consumer, l)
 	}
 	if others := l.others.Load(); others != nil && *others != "" {
 		g.report.warn(observe.SharedConsumer, v.consumer, v.ob,
@@ -104,18 +113,25 @@ func (g *leaseGuard) beforeClaim(v *visit) error {
 	return nil
 }
 
-// afterCommit renews the lease at once when the consumer's warnings
+// afterCommit renews a live lease at once when the consumer's warnings
 // changed, so that the inbox check command sees a warning as soon as it is
 // logged.
 func (g *leaseGuard) afterCommit(v *visit) {
 	g.mu.Lock()
 	l := g.leases[v.consumer] // made before the claim
 	g.mu.Unlock()
-	if l == nil {
+	if l == nil || !l.live.Load() {
 		return
 	}
-	if _, version := g.report.warnings(v.consumer); int64(version) != l.sent.Load() && l.renewing.CompareAndSwap(false, true) {
-		g.renew(v, l)
+	if _, version := g.report.warnings(v.consumer); int64(version) != l.sent.Load() {
+		g.start(v.consumer, l)
+	}
+}
+
+// start renews l beside the message, unless a renewal is under way.
+func (g *leaseGuard) start(consumer string, l *lease) {
+	if l.renewing.CompareAndSwap(false, true) {
+		go g.renew(context.Background(), consumer, l)
 	}
 }
 
@@ -153,35 +169,43 @@ func (g *leaseGuard) wait(v *visit, l *lease) bool {
 }
 
 // renew renews l with the consumer's warnings, and lets go of its renewal.
-func (g *leaseGuard) renew(v *visit, l *lease) {
+// ctx is the first message's, which waits for the first reading as for its
+// claim; a later renewal's own, so that a message that ends or is cancelled
+// leaves it be.
+func (g *leaseGuard) renew(ctx context.Context, consumer string, l *lease) {
 	defer l.renewing.Store(false)
-	// In the message's context: a renewal waits for a connection as its
-	// claim would, and the store bounds its statements.
-	warnings, version := g.report.warnings(v.consumer)
-	others, err := g.registry.Heartbeat(v.msg.Context(), inboxdriver.Heartbeat{
-		Consumer: v.consumer, Service: g.service, Instance: g.instance,
-		Warnings: warnings, Lease: leaseTTL, First: !l.renewed,
+	warnings, version := g.report.warnings(consumer)
+	others, err := g.registry.Heartbeat(ctx, inboxdriver.Heartbeat{
+		Consumer: consumer, Service: g.service, Instance: g.instance,
+		Warnings: warnings, Lease: leaseTTL, First: !l.renewed, Timeout: g.timeout,
 	})
 	if err != nil {
-		if v.msg.Context().Err() != nil {
-			// The message was cancelled (the router closing): nothing
-			// is known, and nothing to say.
+		if ctx.Err() != nil {
+			// The first message was cancelled (the router closing):
+			// nothing is known, and nothing to say.
 			return
 		}
 		wait := leaseRetry
+		if errors.Is(err, inboxdriver.ErrGaveWay) {
+			// A claim needed the connection: nothing is known.
+			l.due.Store(g.now().Add(wait).UnixNano())
+			return
+		}
 		if errors.Is(err, inboxdriver.ErrNoLease) {
 			wait = leaseRecheck
 		}
-		l.due.Store(time.Now().Add(wait).UnixNano())
-		g.report.unchecked(leaseCheck, v.consumer, err)
+		l.live.Store(false)
+		l.due.Store(g.now().Add(wait).UnixNano())
+		g.report.unchecked(leaseCheck, consumer, err)
 		return
 	}
 	l.renewed = true
 	l.sent.Store(int64(version))
 	joined := strings.Join(others, ", ")
 	l.others.Store(&joined)
-	l.due.Store(time.Now().Add(leaseRenew).UnixNano())
-	g.report.checked(leaseCheck, v.consumer)
+	l.due.Store(g.now().Add(leaseRenew).UnixNano())
+	l.live.Store(true)
+	g.report.checked(leaseCheck, consumer)
 }
 
 // instanceName tells this process from the others of its service in the

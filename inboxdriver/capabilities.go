@@ -106,6 +106,11 @@ type ConsumerRegistry interface {
 // than at every renewal.
 var ErrNoLease = errors.New("no lease table the role may write")
 
+// ErrGaveWay is wrapped by a [ConsumerRegistry.Heartbeat] error when the
+// heartbeat let a claim have the connection it held (on a pool of one):
+// nothing failed, and the middleware tries again later, saying nothing.
+var ErrGaveWay = errors.New("the heartbeat gave its connection to a claim")
+
 // LeaseTTL is how long the middleware's lease on a consumer lives after its
 // last renewal: a process that stopped claiming is forgotten after it.
 const LeaseTTL = time.Minute
@@ -127,6 +132,9 @@ type Heartbeat struct {
 	// First marks the process's first heartbeat for the consumer: the
 	// store may then remove the consumer's leases that expired long ago.
 	First bool
+	// Timeout bounds the statements once the store has its connection;
+	// the wait for one is the context's. Zero: the store's own bound.
+	Timeout time.Duration
 }
 
 // TxPublisher builds, for one message, the publisher of the messages its

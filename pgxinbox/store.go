@@ -104,12 +104,12 @@ func (s *Store) SchemaSQL() string { return s.sql.SchemaSQL() }
 func (s *Store) LeaseTable() string { return s.sql.LeaseTable() }
 
 // Heartbeat implements [inboxdriver.ConsumerRegistry] as
-// [sqlinbox.Store.Heartbeat] does, on a connection of the pool, which it
-// waits for at the pool's gate as a claim does.
+// [sqlinbox.Store.Heartbeat] does, on the connection of the pool the claims
+// leave free.
 func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
-	ticket, err := s.gate.Enter(ctx, s.poolSize)
+	ctx, ticket, err := s.gate.Beside(ctx, s.poolSize)
 	if err != nil {
-		return nil, fmt.Errorf("pgxinbox: waiting for a connection the claims leave free: %w", err)
+		return nil, fmt.Errorf("pgxinbox: waiting for the connection the claims leave free: %w", err)
 	}
 	defer ticket.Leave()
 	return s.sql.Heartbeat(ctx, h)

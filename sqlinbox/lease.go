@@ -2,6 +2,7 @@ package sqlinbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,7 +11,7 @@ import (
 )
 
 // heartbeatTimeout bounds a heartbeat's statements, once it has its
-// connection: the message that renews the lease waits for them.
+// connection, when [inboxdriver.Heartbeat.Timeout] does not.
 const heartbeatTimeout = 5 * time.Second
 
 // leaseSuffix names the lease table beside the inbox table:
@@ -115,17 +116,33 @@ func (s *Store) LeaseTable() string { return s.table.derived(leaseSuffix).String
 // Heartbeat implements [inboxdriver.ConsumerRegistry]: it renews h's lease
 // and lists the other services with a live lease on h.Consumer. Statements
 // outside any transaction, so that the list sees the leases of services
-// that renewed concurrently. It waits for its connection at the pool's
-// gate, as a claim does: on a pool of one, behind the claim holding the
-// only connection rather than in the pool's queue, where it would be taken
-// for a handler waiting for itself ([Store.watchPoolOfOne]).
+// that renewed concurrently; h.Timeout bounds them. It takes the
+// connection the claims leave free, one heartbeat of the pool at a time, so
+// that a heartbeat blocked by a lock on the lease table never holds one a
+// claim waits for; on a pool of one, the only connection, waited for behind
+// the claims rather than in the pool's queue, where it would be taken for a
+// handler waiting for itself ([Store.watchPoolOfOne]), and given up, with
+// [inboxdriver.ErrGaveWay], as soon as a claim waits for it.
 func (s *Store) Heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
-	ticket, err := s.gate.Enter(ctx, s.poolSize)
+	ctx, ticket, err := s.gate.Beside(ctx, s.poolSize)
 	if err != nil {
-		return nil, fmt.Errorf("sqlinbox: waiting for a connection the claims leave free: %w", err)
+		return nil, fmt.Errorf("sqlinbox: waiting for the connection the claims leave free: %w", err)
 	}
 	defer ticket.Leave()
-	ctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
+	others, err := s.heartbeat(ctx, h)
+	if err != nil && errors.Is(context.Cause(ctx), inboxdriver.ErrGaveWay) {
+		return nil, fmt.Errorf("sqlinbox: renewing the lease in %s: %w", s.LeaseTable(), inboxdriver.ErrGaveWay)
+	}
+	return others, err
+}
+
+// heartbeat is [Store.Heartbeat] on the connection it waited for.
+func (s *Store) heartbeat(ctx context.Context, h inboxdriver.Heartbeat) ([]string, error) {
+	timeout := h.Timeout
+	if timeout <= 0 {
+		timeout = heartbeatTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	q := s.q.leases
 	if h.First {

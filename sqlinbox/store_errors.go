@@ -100,9 +100,10 @@ func (s *Store) maintenanceErr(doing string, err error) error {
 	return fmt.Errorf("sqlinbox: %s %s: %w", doing, s.table, s.dialect.classify(err))
 }
 
-// leaseErr says what kept a lease from being renewed: the database out of
-// reach (the middleware tries again soon), the lease table missing or out
-// of the role's privileges (which only a migration or a grant mends).
+// leaseErr says what kept a lease from being renewed: a lock or the
+// database out of reach (the middleware tries again soon), the lease table
+// missing or out of the role's privileges (which only a migration or a
+// grant mends).
 func (s *Store) leaseErr(err error) error {
 	table := s.LeaseTable()
 	switch {
@@ -110,6 +111,8 @@ func (s *Store) leaseErr(err error) error {
 		return fmt.Errorf("sqlinbox: the lease table %s does not exist: run Store.CreateSchema as a role that may create it, or apply Store.SchemaSQL: %w: %w", table, inboxdriver.ErrNoLease, err)
 	case s.readOnly(err):
 		return fmt.Errorf("sqlinbox: the role may not write the lease table %s: grant it SELECT, INSERT, UPDATE, DELETE there: %w: %w", table, inboxdriver.ErrNoLease, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("sqlinbox: the lease in %s was not renewed within its timeout (the table locked, or the database slow): %w", table, err)
 	case s.unreachable(err):
 		return fmt.Errorf("sqlinbox: the database is unreachable, so the lease in %s was not renewed: %w", table, err)
 	}

@@ -10,6 +10,10 @@
 // The gate belongs to the pool, not to a store: two stores (two tables) on
 // one pool each leaving "one" connection free would together leave none.
 // [For] hands every store of a pool the same gate.
+//
+// Work beside the claims (the lease's renewal) takes that free connection,
+// one caller at a time ([Gate.Beside]), so that it never holds one a claim
+// waits for.
 package poolgate
 
 import (
@@ -19,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"github.com/watermill-inbox/inbox/inboxdriver"
 )
 
 // gates holds the gate of each pool still in use, by a weak pointer to the
@@ -59,6 +65,12 @@ type Gate struct {
 	// takes the pool's own lock, which every query takes too.
 	size   atomic.Int64
 	readAt atomic.Int64 // unix nanoseconds
+	// spare holds a token while a caller of [Gate.Beside] holds the
+	// connection the claims leave free; made under mu.
+	spare chan struct{}
+	// giveWay cancels the caller of [Gate.Beside] holding the only place
+	// of a pool of one, for a claim come to wait; under mu.
+	giveWay func()
 }
 
 // refresh is how stale the pool size may be: a pool resized at run time
@@ -79,21 +91,75 @@ func (g *Gate) Enter(ctx context.Context, poolSize func() int) (Ticket, error) {
 	return Ticket{g: g, limit: limit}, nil
 }
 
+// Beside waits for a connection for work beside the claims: on a pool of
+// two or more, the one the claims leave free, held by one caller at a time,
+// so that the claims never wait for it (a handler asking the pool for a
+// second connection shares it); on a pool without a limit, nothing. On a
+// pool of one, the claims' only place, in their queue, and it gives way:
+// the context it returns is cancelled, with the cause
+// [inboxdriver.ErrGaveWay], as soon as a claim waits for the place.
+func (g *Gate) Beside(ctx context.Context, poolSize func() int) (context.Context, Ticket, error) {
+	limit := g.limit(poolSize)
+	if limit <= 0 {
+		return ctx, Ticket{}, nil
+	}
+	if g.Size() == 1 {
+		t, err := g.Enter(ctx, poolSize)
+		if err != nil {
+			return ctx, t, err
+		}
+		ctx, cancel := context.WithCancelCause(ctx)
+		t.cancel = cancel
+		g.mu.Lock()
+		if len(g.waiting) > 0 {
+			cancel(inboxdriver.ErrGaveWay)
+		} else {
+			g.giveWay = func() { cancel(inboxdriver.ErrGaveWay) }
+		}
+		g.mu.Unlock()
+		return ctx, t, nil
+	}
+	g.mu.Lock()
+	if g.spare == nil {
+		g.spare = make(chan struct{}, 1)
+	}
+	spare := g.spare
+	g.mu.Unlock()
+	select {
+	case spare <- struct{}{}:
+		return ctx, Ticket{g: g, spare: true}, nil
+	case <-ctx.Done():
+		return ctx, Ticket{}, ctx.Err()
+	}
+}
+
 // Size is the pool size the gate last read, 0 for no limit.
 func (g *Gate) Size() int { return int(g.size.Load()) }
 
 // Ticket is one claim's place in its [Gate].
 type Ticket struct {
-	g     *Gate
-	limit int
+	g      *Gate
+	limit  int
+	spare  bool                    // from [Gate.Beside], on the free connection
+	cancel context.CancelCauseFunc // from [Gate.Beside], on a pool of one
 }
 
 // Leave gives the place back; later calls do nothing.
 func (t *Ticket) Leave() {
-	if t.g != nil {
+	switch {
+	case t.g == nil:
+	case t.spare:
+		<-t.g.spare
+	case t.cancel != nil:
+		t.g.mu.Lock()
+		t.g.giveWay = nil
+		t.g.mu.Unlock()
+		t.cancel(nil)
 		t.g.leave(t.limit)
-		t.g = nil
+	default:
+		t.g.leave(t.limit)
 	}
+	t.g = nil
 }
 
 // limit is how many connections the claims may hold: all but one, or the
@@ -120,6 +186,10 @@ func (g *Gate) enter(ctx context.Context, limit int) error {
 	}
 	turn := make(chan struct{})
 	g.waiting = append(g.waiting, turn)
+	if g.giveWay != nil {
+		g.giveWay()
+		g.giveWay = nil
+	}
 	g.mu.Unlock()
 	select {
 	case <-turn:
