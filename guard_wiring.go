@@ -134,7 +134,7 @@ func (g *wiringGuard) unshared(v *visit, key workerKey, group []string) error {
 	v.ob.Outcome = observe.Miswired
 	err := Transient(fmt.Errorf("%w: handlers %q run one function on topic %q as %d consumers; use inbox.Subscriptions, or Consumer with ShareConsumer: docs/wiring.md#workers",
 		errUnsharedWorkers, group, key.topic, len(group)))
-	if g.report.first("workers", key.topic+"\x00"+strings.Join(group, "\x00")) {
+	if g.report.first("workers", fmt.Sprintf("%s\x00%x", key.topic, key.handler)) {
 		g.logger.Error("Inbox: message refused, kept in the broker: workers of one queue claim as separate consumers and would double effects", err, watermill.LogFields{
 			"handlers": strings.Join(group, ", "), "topic": key.topic,
 		})

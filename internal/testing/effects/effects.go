@@ -175,6 +175,10 @@ func (s *Service) Run(t testing.TB, sub message.Subscriber, topic string, rc Run
 	return stop
 }
 
+// Handler is the service's handler, for a router a test wires itself: it
+// writes the effect through the inbox transaction.
+func (s *Service) Handler(rc RunConfig) message.HandlerFunc { return s.handle(rc) }
+
 func (s *Service) handle(rc RunConfig) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
