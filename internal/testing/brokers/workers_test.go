@@ -1,7 +1,6 @@
 package brokers_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -259,26 +258,7 @@ func runWorkers(t *testing.T, sub message.Subscriber, topic string, config inbox
 	require.NoError(t, err)
 	router.AddMiddleware(poison, mw)
 	add(router, sub, topic)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- router.Run(ctx) }()
-	select {
-	case <-router.Running():
-	case err := <-done:
-		t.Fatalf("router stopped at start: %v", err)
-	}
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		require.NoError(t, router.Close())
-		cancel()
-		require.NoError(t, <-done)
-	}
-	t.Cleanup(stop)
-	return stop
+	return effects.StartRouter(t, router)
 }
 
 // countingPublisher counts what is published to it.
