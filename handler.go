@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"fmt"
-	"reflect"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -19,13 +18,13 @@ import (
 // The returned function refuses, with [ErrMiswired], to call h outside an
 // inbox transaction (mw is not the inbox) or twice in one transaction.
 func Handler(mw message.HandlerMiddleware, h message.HandlerFunc) message.HandlerFunc {
-	return handler(mw, h, reflect.ValueOf(h).Pointer())
+	return handler(mw, h, funcID(h))
 }
 
-// handler is [Handler] for a function whose code is code: the context
+// handler is [Handler] for a function whose [funcID] is id: the context
 // tells the middleware, which sees only this closure, what runs inside
 // (workers.go).
-func handler(mw message.HandlerMiddleware, h message.HandlerFunc, code uintptr) message.HandlerFunc {
+func handler(mw message.HandlerMiddleware, h message.HandlerFunc, id uintptr) message.HandlerFunc {
 	wrapped := mw(func(msg *message.Message) ([]*message.Message, error) {
 		s := session.From(msg.Context())
 		if s == nil {
@@ -37,7 +36,7 @@ func handler(mw message.HandlerMiddleware, h message.HandlerFunc, code uintptr) 
 		return h(msg)
 	})
 	return func(msg *message.Message) ([]*message.Message, error) {
-		msg.SetContext(context.WithValue(msg.Context(), handlerCodeKey{}, code))
+		msg.SetContext(context.WithValue(msg.Context(), handlerIDKey{}, id))
 		return wrapped(msg)
 	}
 }
@@ -47,7 +46,7 @@ func handler(mw message.HandlerMiddleware, h message.HandlerFunc, code uintptr) 
 func ConsumerHandler(mw message.HandlerMiddleware, h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
 	wrapped := handler(mw, func(msg *message.Message) ([]*message.Message, error) {
 		return nil, h(msg)
-	}, reflect.ValueOf(h).Pointer())
+	}, funcID(h))
 	return func(msg *message.Message) error {
 		_, err := wrapped(msg)
 		return err

@@ -2,21 +2,20 @@ package inbox
 
 import (
 	"context"
-	"reflect"
 	"slices"
 	"sync"
+	"unsafe"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
 // workers groups the handler names one middleware has seen by what they
-// run: the topic, the subscriber type and the handler function. Names of
-// one group are the same handler added several times to take more messages
-// of one queue at once: workers of one consumer, which must share one claim
-// per event. A fan-out (two functions, each to run every event) is two
-// groups. The same function subscribed twice as a fan-out looks like one
-// group: it is refused, or shared under a fixed consumer, never doubled.
+// run: the topic, the subscriber type and the handler function value. Names
+// of one group are one handler added several times to take more messages of
+// one queue at once: workers of one consumer, which must share one claim per
+// event. A fan-out (each consumer its own function, to run every event) is
+// two groups: one function value running its effect twice on purpose is
+// no fan-out a user wants.
 type workers struct {
 	mu     sync.Mutex
 	groups map[workerKey][]string // sorted names, replaced, never changed
@@ -26,7 +25,7 @@ type workers struct {
 // workerKey is what the names of one group have in common.
 type workerKey struct {
 	topic, subscriber string
-	handler           uintptr // the code of the handler function
+	handler           uintptr // the handler function value ([funcID])
 }
 
 // see records that name runs what key says and returns the names of its
@@ -66,29 +65,24 @@ func handlerKey(ctx context.Context, h message.HandlerFunc) (key workerKey, ok b
 	if topic == "" {
 		return key, false
 	}
-	code, ok := ctx.Value(handlerCodeKey{}).(uintptr)
+	id, ok := ctx.Value(handlerIDKey{}).(uintptr)
 	if !ok {
-		code = reflect.ValueOf(h).Pointer()
+		id = funcID(h)
 	}
-	if code == consumerAdapter() {
-		return key, false
-	}
-	return workerKey{topic: topic, subscriber: message.SubscriberNameFromCtx(ctx), handler: code}, true
+	return workerKey{topic: topic, subscriber: message.SubscriberNameFromCtx(ctx), handler: id}, true
 }
 
-// consumerAdapter is the code of the closure [message.Router.AddConsumerHandler]
-// wraps every function in: it hides which function runs, so that handlers
-// added with it go unchecked ([ConsumerHandler] tells).
-var consumerAdapter = sync.OnceValue(func() uintptr {
-	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
-	if err != nil {
-		return 0
-	}
-	r.AddConsumerHandler("inbox", "inbox", nil, func(*message.Message) error { return nil })
-	return reflect.ValueOf(r.Handlers()["inbox"]).Pointer()
-})
+// handlerIDKey carries, in the message context, the [funcID] of the function
+// [Handler] wraps: the middleware sees only Handler's own closure.
+type handlerIDKey struct{}
 
-// handlerCodeKey carries, in the message context, the code of the function
-// [Handler] wraps: the middleware sees only Handler's own closure, which is
-// the same for every handler.
-type handlerCodeKey struct{}
+// funcID identifies a function value: the address of its closure, shared by
+// every copy of the value and by no other closure while it lives (a
+// top-level function's is static). Not its code: a function literal made
+// twice, capturing different state (one per consumer of a fan-out), has
+// one code and two identities. A handler passed through another
+// middleware, or through Router.AddConsumerHandler's adapter, gets an
+// identity of its own per handler name, and goes unchecked.
+func funcID[F any](f F) uintptr {
+	return *(*uintptr)(unsafe.Pointer(&f))
+}

@@ -18,9 +18,10 @@ import (
 // Two handler names on one topic, each getting every message (gochannel),
 // wired as users do. The same function under both is taken for workers of
 // one queue: refused under the default consumer (transiently, logged once),
-// one claim under a fixed consumer. Two functions are a fan-out: each runs
-// every event. Router.AddConsumerHandler hides the function, so its
-// handlers go unchecked.
+// one claim under a fixed consumer. Two function values (two literals, or
+// one made twice) are a fan-out: each runs every event.
+// Router.AddConsumerHandler hides the function, so its handlers go
+// unchecked.
 func TestWorkersOfOneFunction(t *testing.T) {
 	t.Parallel()
 	type add func(r *message.Router, mw message.HandlerMiddleware, w *wiring)
@@ -49,6 +50,12 @@ func TestWorkersOfOneFunction(t *testing.T) {
 			r.AddMiddleware(mw)
 			r.AddHandler("invoicing", "orders", w.ps, "", nil, func(msg *message.Message) ([]*message.Message, error) { return h(msg) })
 			r.AddHandler("analytics", "orders", w.ps, "", nil, func(msg *message.Message) ([]*message.Message, error) { return h(msg) })
+		}, 2, false},
+		{"one function literal made twice, default consumer", "", func(r *message.Router, mw message.HandlerMiddleware, w *wiring) {
+			h := w.handler(nil)
+			for _, name := range []string{"invoicing", "analytics"} {
+				r.AddConsumerHandler(name, "orders", w.ps, inbox.ConsumerHandler(mw, func(msg *message.Message) error { _, err := h(msg); return err }))
+			}
 		}, 2, false},
 		{"two functions through inbox.ConsumerHandler", "", func(r *message.Router, mw message.HandlerMiddleware, w *wiring) {
 			h := w.handler(nil)
