@@ -102,7 +102,7 @@ type workerWiring struct {
 	name string
 	// names are the router handler names of the handler in a replica.
 	names []string
-	// subscriptions wraps the replica's subscriber in inbox.Subscriptions.
+	// subscriptions adds the handler once, as documented, instead.
 	subscriptions bool
 	config        inbox.Config
 }
@@ -113,7 +113,7 @@ func workerWirings() []workerWiring {
 		names[i] = fmt.Sprintf("orders-%d", i+1)
 	}
 	return []workerWiring{
-		{name: "inbox.Subscriptions", names: []string{"orders"}, subscriptions: true},
+		{name: "inbox.Subscriptions", subscriptions: true},
 		{name: "one name each, default consumer", names: names},
 		{name: "one name each, one fixed Consumer", names: names, config: inbox.Config{Consumer: "orders"}},
 		{name: "one name each, fixed Consumer and ShareConsumer", names: names, config: inbox.Config{Consumer: "orders", ShareConsumer: true}},
@@ -143,13 +143,13 @@ func TestWorkersOnOneQueue(t *testing.T) {
 					stops := make([]func(), workerReplicas)
 					for r := range loggers {
 						loggers[r] = conformancetest.NewLogger()
-						sub := subscriber()
-						if w.subscriptions {
-							sub = inbox.Subscriptions(sub, workersPerReplica)
-						}
 						config := w.config
 						config.Store, config.Observer, config.Logger = s.Store, s, loggers[r]
-						stops[r] = runWorkers(t, sub, topic, config, &poisoned, workerHandlers(w.names, s.Handler(effects.RunConfig{})))
+						add := workerHandlers(w.names, s.Handler(effects.RunConfig{}))
+						if w.subscriptions {
+							add = documentedWorkers(s.Handler(effects.RunConfig{}))
+						}
+						stops[r] = runWorkers(t, subscriber(), topic, config, &poisoned, add)
 					}
 					ids := publishCopies(t, pub, topic, workerEvents, workerCopies)
 
@@ -217,7 +217,8 @@ func TestWorkersFanOut(t *testing.T) {
 			// would be taken for workers of one queue.
 			invoice, count := invoicing.Handler(effects.RunConfig{}), analytics.Handler(effects.RunConfig{})
 			config := inbox.Config{Store: invoicing.Store, Observer: invoicing, Logger: conformancetest.NewLogger()}
-			stop := runWorkers(t, nil, topic, config, &poisoned, func(r *message.Router, sub message.Subscriber, topic string) {
+			stop := runWorkers(t, nil, topic, config, &poisoned, func(r *message.Router, mw message.HandlerMiddleware, _ message.Subscriber, topic string) {
+				r.AddMiddleware(mw)
 				r.AddHandler("invoicing", topic, subscriber("invoicing"), "", effects.DiscardPublisher{}, func(msg *message.Message) ([]*message.Message, error) { return invoice(msg) })
 				r.AddHandler("analytics", topic, subscriber("analytics"), "", effects.DiscardPublisher{}, func(msg *message.Message) ([]*message.Message, error) { return count(msg) })
 			})
@@ -236,19 +237,29 @@ func TestWorkersFanOut(t *testing.T) {
 	}
 }
 
-// workerHandlers adds h under each of names, on sub.
-func workerHandlers(names []string, h message.HandlerFunc) func(r *message.Router, sub message.Subscriber, topic string) {
-	return func(r *message.Router, sub message.Subscriber, topic string) {
+// workerHandlers adds h under each of names, on sub, behind the router-level
+// inbox mw, added last.
+func workerHandlers(names []string, h message.HandlerFunc) func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, topic string) {
+	return func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, topic string) {
+		r.AddMiddleware(mw)
 		for _, name := range names {
 			r.AddHandler(name, topic, sub, "", effects.DiscardPublisher{}, h)
 		}
 	}
 }
 
-// runWorkers runs a router with the README's stack, a PoisonQueue taking
-// what inbox.IsTransient does not report (counted in poisoned) and the
-// inbox with config, around the handlers add adds.
-func runWorkers(t *testing.T, sub message.Subscriber, topic string, config inbox.Config, poisoned *atomic.Int64, add func(r *message.Router, sub message.Subscriber, topic string)) (stop func()) {
+// documentedWorkers adds h once, on 8 subscriptions, as README.md shows.
+func documentedWorkers(h message.HandlerFunc) func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, topic string) {
+	handle := func(msg *message.Message) error { _, err := h(msg); return err }
+	return func(router *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, topic string) {
+		router.AddConsumerHandler("invoicing", topic, inbox.Subscriptions(sub, 8), inbox.ConsumerHandler(mw, handle))
+	}
+}
+
+// runWorkers runs a router with the README's PoisonQueue, taking what
+// inbox.IsTransient does not report (counted in poisoned), and the handlers
+// add adds with the inbox of config.
+func runWorkers(t *testing.T, sub message.Subscriber, topic string, config inbox.Config, poisoned *atomic.Int64, add func(r *message.Router, mw message.HandlerMiddleware, sub message.Subscriber, topic string)) (stop func()) {
 	t.Helper()
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -256,8 +267,8 @@ func runWorkers(t *testing.T, sub message.Subscriber, topic string, config inbox
 	require.NoError(t, err)
 	mw, err := inbox.NewMiddleware(config)
 	require.NoError(t, err)
-	router.AddMiddleware(poison, mw)
-	add(router, sub, topic)
+	router.AddMiddleware(poison)
+	add(router, mw, sub, topic)
 	return effects.StartRouter(t, router)
 }
 
