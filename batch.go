@@ -55,12 +55,11 @@ type BatchConfig struct {
 	// message, for more. Defaults to [DefaultMaxBatchWait].
 	MaxWait time.Duration
 
-	// Subscriptions is how many times [BatchConsumer.Run] subscribes to
-	// its topic, for subscribers that deliver a subscription's next
-	// message only once the previous one is acked (Watermill's AMQP, NATS
-	// and Redis Streams subscribers): a batch holds at most one message
-	// per subscription there. Not for a subscriber whose subscriptions
-	// each get every message (gochannel). Defaults to 1.
+	// Subscriptions is how many subscriptions [BatchConsumer.Run] merges,
+	// as [Subscriptions] does: a batch holds at most one message per
+	// subscription on Watermill's AMQP, NATS and Redis Streams
+	// subscribers. Not for gochannel, whose subscriptions each get every
+	// message. Defaults to 1.
 	Subscriptions int
 
 	// PoisonPublisher takes a message that fails on its own (its event id
