@@ -132,8 +132,8 @@ func (g *wiringGuard) beforeClaim(v *visit) error {
 // transient, for the broker to keep the message.
 func (g *wiringGuard) unshared(v *visit, key workerKey, group []string) error {
 	v.ob.Outcome = observe.Miswired
-	err := Transient(fmt.Errorf("%w: handlers %q run one function on topic %q as %d consumers; use inbox.Subscriptions, or Consumer with ShareConsumer: docs/wiring.md#workers",
-		errUnsharedWorkers, group, key.topic, len(group)))
+	err := Transient(fmt.Errorf("%w: %d handler names run one function on topic %s; use inbox.Subscriptions, or Consumer with ShareConsumer (docs/wiring.md#workers)",
+		errUnsharedWorkers, len(group), errtext.Quote(key.topic)))
 	if g.report.first("workers", fmt.Sprintf("%s\x00%x", key.topic, key.handler)) {
 		g.logger.Error("Inbox: message refused, kept in the broker: workers of one queue claim as separate consumers and would double effects", err, watermill.LogFields{
 			"handlers": strings.Join(group, ", "), "topic": key.topic,
@@ -143,7 +143,7 @@ func (g *wiringGuard) unshared(v *visit, key workerKey, group []string) error {
 }
 
 // errUnsharedWorkers is the transient refusal of [wiringGuard.unshared].
-var errUnsharedWorkers = errors.New("inbox: workers of one queue under separate consumers")
+var errUnsharedWorkers = errors.New("inbox: workers of one queue claim as separate consumers")
 
 // afterHandler looks, after the handler chain returned success, for
 // middlewares inside the inbox that repeated or swallowed a handler call.

@@ -88,7 +88,7 @@ func TestWorkersOfOneFunction(t *testing.T) {
 			for err := range errs {
 				require.True(t, inbox.IsTransient(err), "%v", err)
 				require.False(t, errors.Is(err, inbox.ErrMiswired), "never poisoned: %v", err)
-				require.ErrorContains(t, err, `run one function on topic "orders" as 2 consumers; use inbox.Subscriptions, or Consumer with ShareConsumer`)
+				require.ErrorContains(t, err, `2 handler names run one function on topic "orders"; use inbox.Subscriptions, or Consumer with ShareConsumer`)
 				refusals++
 			}
 			require.Equal(t, 2*tc.effects, w.effects(t)-before)
