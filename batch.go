@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -56,12 +55,11 @@ type BatchConfig struct {
 	// message, for more. Defaults to [DefaultMaxBatchWait].
 	MaxWait time.Duration
 
-	// Subscriptions is how many times [BatchConsumer.Run] subscribes to
-	// its topic, for subscribers that deliver a subscription's next
-	// message only once the previous one is acked (Watermill's AMQP, NATS
-	// and Redis Streams subscribers): a batch holds at most one message
-	// per subscription there. Not for a subscriber whose subscriptions
-	// each get every message (gochannel). Defaults to 1.
+	// Subscriptions is how many subscriptions [BatchConsumer.Run] merges,
+	// as [Subscriptions] does: a batch holds at most one message per
+	// subscription on Watermill's AMQP, NATS and Redis Streams
+	// subscribers. Not for gochannel, whose subscriptions each get every
+	// message. Defaults to 1.
 	Subscriptions int
 
 	// PoisonPublisher takes a message that fails on its own (its event id
@@ -141,7 +139,7 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 // subscription closes (nil). A batch can only hold messages the subscriber
 // delivers before the previous ones are acked; see docs/batch.md.
 func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic string) error {
-	msgs, err := c.subscribe(ctx, sub, topic)
+	msgs, err := subscribeN(ctx, sub, topic, c.config.Subscriptions)
 	if err != nil {
 		return err
 	}
@@ -158,40 +156,6 @@ func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic s
 			return ctx.Err()
 		}
 	}
-}
-
-// subscribe subscribes [BatchConfig.Subscriptions] times and merges the
-// subscriptions into one channel, closed once all of them are.
-func (c *BatchConsumer) subscribe(ctx context.Context, sub message.Subscriber, topic string) (<-chan *message.Message, error) {
-	if c.config.Subscriptions == 1 {
-		msgs, err := sub.Subscribe(ctx, topic)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: subscribing to %s: %w", topic, err)
-		}
-		return msgs, nil
-	}
-	merged := make(chan *message.Message)
-	var wg sync.WaitGroup
-	for range c.config.Subscriptions {
-		msgs, err := sub.Subscribe(ctx, topic)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: subscribing to %s: %w", topic, err)
-		}
-		wg.Go(func() {
-			for msg := range msgs {
-				select {
-				case merged <- msg:
-				case <-ctx.Done(): // Run has returned
-					msg.Nack()
-				}
-			}
-		})
-	}
-	go func() {
-		wg.Wait()
-		close(merged)
-	}()
-	return merged, nil
 }
 
 // collect reads one batch; more is false once ctx ended or msgs closed.

@@ -76,7 +76,7 @@ func (e *engine) process(h message.HandlerFunc, msg *message.Message, ob *observ
 		return nil, err
 	}
 	ob.EventID = eventID
-	v := &visit{msg: msg, consumer: consumer, eventID: eventID, ob: ob}
+	v := &visit{msg: msg, handler: h, consumer: consumer, eventID: eventID, ob: ob}
 	if err := e.beforeClaim(v); err != nil {
 		return nil, acked(err)
 	}

@@ -67,6 +67,7 @@ func guards(d guardDeps) []guard {
 // visit is one message on its way through the engine, as the guards see it.
 type visit struct {
 	msg      *message.Message
+	handler  message.HandlerFunc // what the middleware wraps
 	consumer string
 	eventID  string
 	ob       *observe.Observation

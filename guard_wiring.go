@@ -1,7 +1,9 @@
 package inbox
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -30,6 +32,7 @@ type wiringGuard struct {
 	report       *reporter
 	fixedHandler atomic.Pointer[string] // the first handler name seen with a fixed Consumer
 	fixed        receivedBy
+	workers      workers
 }
 
 // receivedBy remembers, under a fixed [Config.Consumer], which handler name
@@ -84,14 +87,26 @@ func (g *wiringGuard) beforeClaim(v *visit) error {
 	if outer := session.From(msg.Context()); outer != nil && outer.Msg == msg {
 		return fmt.Errorf("%w: the inbox wraps this handler twice (consumer %q): keep one of router.AddMiddleware and inbox.Handler", ErrMiswired, outer.Consumer)
 	}
-	if g.consumer == "" || g.share {
-		return nil
-	}
 	name := message.HandlerNameFromCtx(msg.Context())
 	if name == "" {
 		return nil
 	}
-	if first := g.fixed.record(v.eventID, name); first != name {
+	key, ok := handlerKey(msg.Context(), v.handler)
+	if g.consumer == "" {
+		if ok {
+			if group := g.workers.see(name, key); len(group) > 1 {
+				return g.unshared(v, key, group)
+			}
+		}
+		return nil
+	}
+	if g.share {
+		return nil
+	}
+	if ok {
+		g.workers.see(name, key)
+	}
+	if first := g.fixed.record(v.eventID, name); first != name && !g.workers.same(first, name) {
 		return fmt.Errorf("%w: event %s reached handlers %q and %q, which share the fixed consumer %q, so it would run in one only; see docs/wiring.md#consumers", ErrMiswired, errtext.Quote(v.eventID), first, name, consumer)
 	}
 	first := g.fixedHandler.Load()
@@ -100,13 +115,35 @@ func (g *wiringGuard) beforeClaim(v *visit) error {
 		g.fixedHandler.CompareAndSwap(nil, &claimed)
 		first = g.fixedHandler.Load()
 	}
-	if *first != name {
+	if *first != name && !g.workers.same(*first, name) {
 		g.report.warn(observe.SharedConsumer, consumer, v.ob,
 			"two handler names share the fixed consumer: an event reaching both runs in one only, and is refused when seen; give each its own Consumer, or set ShareConsumer",
 			watermill.LogFields{"handlers": *first + ", " + name})
 	}
 	return nil
 }
+
+// unshared refuses, until the wiring changes, a message of a handler name
+// whose function runs under other names on the same topic: workers of one
+// queue, which the default consumer (each name) would make consumers of
+// their own, each running the copies of an event that reach it. No default
+// can join them safely: the claims already stored are under each name, and
+// another replica may see the names in another order. The refusal is
+// transient, for the broker to keep the message.
+func (g *wiringGuard) unshared(v *visit, key workerKey, group []string) error {
+	v.ob.Outcome = observe.Miswired
+	err := Transient(fmt.Errorf("%w: %d handler names run one function on topic %s; use inbox.Subscriptions, or Consumer with ShareConsumer (docs/wiring.md#workers)",
+		errUnsharedWorkers, len(group), errtext.Quote(key.topic)))
+	if g.report.first("workers", fmt.Sprintf("%s\x00%x", key.topic, key.handler)) {
+		g.logger.Error("Inbox: message refused, kept in the broker: workers of one queue claim as separate consumers and would double effects", err, watermill.LogFields{
+			"handlers": strings.Join(group, ", "), "topic": key.topic,
+		})
+	}
+	return err
+}
+
+// errUnsharedWorkers is the transient refusal of [wiringGuard.unshared].
+var errUnsharedWorkers = errors.New("inbox: workers of one queue claim as separate consumers")
 
 // afterHandler looks, after the handler chain returned success, for
 // middlewares inside the inbox that repeated or swallowed a handler call.

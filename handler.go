@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -17,7 +18,14 @@ import (
 // The returned function refuses, with [ErrMiswired], to call h outside an
 // inbox transaction (mw is not the inbox) or twice in one transaction.
 func Handler(mw message.HandlerMiddleware, h message.HandlerFunc) message.HandlerFunc {
-	return mw(func(msg *message.Message) ([]*message.Message, error) {
+	return handler(mw, h, funcID(h))
+}
+
+// handler is [Handler] for a function whose [funcID] is id: the context
+// tells the middleware, which sees only this closure, what runs inside
+// (workers.go).
+func handler(mw message.HandlerMiddleware, h message.HandlerFunc, id uintptr) message.HandlerFunc {
+	wrapped := mw(func(msg *message.Message) ([]*message.Message, error) {
 		s := session.From(msg.Context())
 		if s == nil {
 			return nil, fmt.Errorf("%w: inbox.Handler was given a middleware that is not the inbox", ErrMiswired)
@@ -27,14 +35,18 @@ func Handler(mw message.HandlerMiddleware, h message.HandlerFunc) message.Handle
 		}
 		return h(msg)
 	})
+	return func(msg *message.Message) ([]*message.Message, error) {
+		msg.SetContext(context.WithValue(msg.Context(), handlerIDKey{}, id))
+		return wrapped(msg)
+	}
 }
 
 // ConsumerHandler is [Handler] for [message.Router.AddConsumerHandler], whose
 // handlers return no messages.
 func ConsumerHandler(mw message.HandlerMiddleware, h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
-	wrapped := Handler(mw, func(msg *message.Message) ([]*message.Message, error) {
+	wrapped := handler(mw, func(msg *message.Message) ([]*message.Message, error) {
 		return nil, h(msg)
-	})
+	}, funcID(h))
 	return func(msg *message.Message) error {
 		_, err := wrapped(msg)
 		return err

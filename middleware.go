@@ -30,14 +30,17 @@ type Config struct {
 	// handler's own middleware, to keep a consumer's claims across a
 	// handler rename, or when the middleware runs outside a router. Renaming a consumer makes it process every
 	// event again. Printable UTF-8, at most 255 bytes. Defaults to the
-	// Watermill handler name of each message.
+	// Watermill handler name of each message; one handler function
+	// value under several names on one topic, workers of one queue, is
+	// then refused: run it once on [Subscriptions] instead.
 	Consumer string
 
 	// ShareConsumer lets one fixed [Config.Consumer] be reached from
 	// several handler names, which then share one claim per event: each
 	// event runs in only one of them. Defaults to false: a second handler
 	// name is warned about, and an event that reaches two handler names
-	// fails with [ErrMiswired] at the second.
+	// fails with [ErrMiswired] at the second, unless they run one function
+	// value on one topic (workers, which share the claims).
 	ShareConsumer bool
 
 	// Service names the service the consumers belong to, for the warning

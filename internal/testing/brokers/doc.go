@@ -8,7 +8,9 @@
 // AckWait, a pending entry claimed after its idle time, a publisher retrying
 // after a lost confirm) and ends by counting effects from PostgreSQL: exactly
 // one per unique event. The event id tests check, for every marshaler, that
-// the id a producer gave an event survives the hop.
+// the id a producer gave an event survives the hop. The workers tests scale
+// one handler on one queue each way a user would (inbox.Subscriptions, the
+// handler under several names) and fan one topic out to two consumers.
 //
 // The servers come from the environment (INBOX_TEST_AMQP_URL,
 // INBOX_TEST_NATS_URL, INBOX_TEST_REDIS_ADDR), defaulting to local ones; the

@@ -155,13 +155,20 @@ func (s *Service) Run(t testing.TB, sub message.Subscriber, topic string, rc Run
 	mws = append(mws, mw)
 	h.AddMiddleware(mws...)
 
+	return StartRouter(t, router)
+}
+
+// StartRouter runs router until the returned stop function is called (also
+// at the end of the test).
+func StartRouter(t testing.TB, router *message.Router) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- router.Run(ctx) }()
 	select {
 	case <-router.Running():
 	case err := <-done:
-		t.Fatalf("router %s stopped at start: %v", s.Name, err)
+		t.Fatalf("router stopped at start: %v", err)
 	}
 	var once sync.Once
 	stop = func() {
@@ -174,6 +181,10 @@ func (s *Service) Run(t testing.TB, sub message.Subscriber, topic string, rc Run
 	t.Cleanup(stop)
 	return stop
 }
+
+// Handler is the service's handler, for a router a test wires itself: it
+// writes the effect through the inbox transaction.
+func (s *Service) Handler(rc RunConfig) message.HandlerFunc { return s.handle(rc) }
 
 func (s *Service) handle(rc RunConfig) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
