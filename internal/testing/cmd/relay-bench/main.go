@@ -17,8 +17,9 @@
 //     outbox table filled beforehand with -rows rows;
 //   - live: -producers goroutines each write one message per transaction
 //     as fast as they can for -duration while one relay runs: the rates
-//     written and published, the backlog (rows left) at the end, and the p99
-//     delay from the outbox write (its commit follows at once) to the
+//     written and published, the backlog (rows left) at the end and how long
+//     the relay then takes to publish it (given -duration at most), and the
+//     p99 delay from the outbox write (its commit follows at once) to the
 //     broker's ack of the publish.
 //
 // It prints per relay the median of the rounds with the spread (min-max),
@@ -33,6 +34,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
@@ -132,6 +134,7 @@ type sample struct {
 	drain1, drain2    float64 // rows/s
 	produced, relayed float64 // msgs/s during the live run
 	backlog           int
+	gone              time.Duration // from the producers' stop until the backlog is published; -1: not within o.duration
 	p99               time.Duration
 }
 
@@ -172,8 +175,8 @@ func run(ctx context.Context, o options) error {
 				return fmt.Errorf("%s, round %d: %w", r.name, round+1, err)
 			}
 			samples[idx[i]] = append(samples[idx[i]], s)
-			fmt.Fprintf(o.out, "round %d: %s: drain %.0f / %.0f rows/s, live %.0f written / %.0f relayed msgs/s, backlog %d, p99 %s\n",
-				round+1, r.name, s.drain1, s.drain2, s.produced, s.relayed, s.backlog, s.p99.Round(time.Millisecond))
+			fmt.Fprintf(o.out, "round %d: %s: drain %.0f / %.0f rows/s, live %.0f written / %.0f relayed msgs/s, backlog %d gone after %s, p99 %s\n",
+				round+1, r.name, s.drain1, s.drain2, s.produced, s.relayed, s.backlog, goneAfter(s.gone), s.p99.Round(time.Millisecond))
 		}
 	}
 	m.print(samples)
@@ -397,10 +400,35 @@ func (m *meter) live(ctx context.Context, r relayConfig, s sample) (sample, erro
 	}
 	s.produced = float64(written.Load()) / elapsed.Seconds()
 	s.relayed = float64(relayed) / elapsed.Seconds()
+	s.gone = -1
+	for stopped := time.Now(); time.Since(stopped) < m.o.duration; {
+		if ob.published.Load() >= written.Load() {
+			s.gone = time.Since(stopped)
+			break
+		}
+		if err := sleep(ctx, 5*time.Millisecond); err != nil {
+			return s, err
+		}
+	}
 	ob.mu.Lock()
 	s.p99 = quantile(ob.delays, 0.99)
 	ob.mu.Unlock()
 	return s, nil
+}
+
+func goneAfter(d time.Duration) string {
+	if d < 0 {
+		return "never"
+	}
+	return d.Round(10 * time.Millisecond).String()
+}
+
+// goneSeconds is d in seconds, +Inf for a backlog still there after limit.
+func goneSeconds(d, limit time.Duration) float64 {
+	if d < 0 {
+		return math.Inf(1)
+	}
+	return d.Seconds()
 }
 
 func quantile(ds []time.Duration, q float64) time.Duration {
@@ -433,16 +461,17 @@ func newKafkaPublisher(addrs []string) (*kafka.Publisher, error) {
 // and the per-round ratios of the drain rates.
 func (m *meter) print(samples [][]sample) {
 	w := tabwriter.NewWriter(m.o.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "\nrelay\tdrain %d rows, 1 relay\t2 relays\tlive: written msgs/s\trelayed msgs/s\tbacklog after %s\tp99 write to broker\n",
+	fmt.Fprintf(w, "\nrelay\tdrain %d rows, 1 relay\t2 relays\tlive: written msgs/s\trelayed msgs/s\tbacklog after %s\tgone after (s)\tp99 write to broker\n",
 		m.o.rows, m.o.duration)
 	for i, r := range relays {
 		ss := samples[i]
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.name,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.name,
 			spread(ss, func(s sample) float64 { return s.drain1 }, "%.0f"),
 			spread(ss, func(s sample) float64 { return s.drain2 }, "%.0f"),
 			spread(ss, func(s sample) float64 { return s.produced }, "%.0f"),
 			spread(ss, func(s sample) float64 { return s.relayed }, "%.0f"),
 			spread(ss, func(s sample) float64 { return float64(s.backlog) }, "%.0f"),
+			spread(ss, func(s sample) float64 { return goneSeconds(s.gone, m.o.duration) }, "%.1f"),
 			spread(ss, func(s sample) float64 { return s.p99.Seconds() * 1000 }, "%.0f ms"))
 	}
 	_ = w.Flush()
