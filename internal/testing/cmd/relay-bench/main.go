@@ -62,7 +62,9 @@ type options struct {
 	producers int
 	duration  time.Duration
 	rounds    int
-	out       io.Writer
+	// readCommitted adds readCommittedRelay.
+	readCommitted bool
+	out           io.Writer
 }
 
 func main() {
@@ -73,6 +75,7 @@ func main() {
 	flag.IntVar(&o.producers, "producers", 8, "producers writing during the live measurement")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of the live measurement")
 	flag.IntVar(&o.rounds, "rounds", 5, "interleaved rounds")
+	flag.BoolVar(&o.readCommitted, "read-committed", false, "also the batch relay reading in READ COMMITTED instead of the queue schema's SERIALIZABLE: what its lock on the end of the table costs producers (measured only, not proven exact)")
 	flag.Parse()
 	o.out = os.Stdout
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -129,6 +132,30 @@ var relays = []relayConfig{
 	}},
 }
 
+// readCommittedRelay is the batch relay with its reads in READ COMMITTED.
+// The queue schema reads in SERIALIZABLE: when a batch reaches the table's
+// last row, its FOR UPDATE also locks the gap after it, and every insert
+// waits for the batch's commit.
+var readCommittedRelay = relayConfig{name: "v4 queue, batch 100, RelaySubscriber, READ COMMITTED", subscriber: func(db *stdsql.DB) (message.Subscriber, error) {
+	noDeadline := time.Duration(0)
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
+		PollInterval:   pollInterval,
+		SchemaAdapter:  readCommitted{wsql.MySQLQueueSchema{SubscribeBatchSize: 100}},
+		OffsetsAdapter: wsql.MySQLQueueOffsetsAdapter{DeleteOnAck: true},
+		AckDeadline:    &noDeadline,
+	}, logger)
+	if err != nil {
+		return nil, err
+	}
+	return inbox.RelaySubscriber(sub), nil
+}}
+
+type readCommitted struct{ wsql.MySQLQueueSchema }
+
+func (readCommitted) SubscribeIsolationLevel() stdsql.IsolationLevel {
+	return stdsql.LevelReadCommitted
+}
+
 // sample is one relay's measurement in one round.
 type sample struct {
 	drain1, drain2    float64 // rows/s
@@ -161,20 +188,27 @@ func run(ctx context.Context, o options) error {
 	defer kafkaPub.Close()
 	m := &meter{db: db, kafka: kafkaPub, addrs: cluster.ListenAddrs(), cluster: cluster, o: o}
 
-	samples := make([][]sample, len(relays))
+	measured := slices.Clone(relays)
+	if o.readCommitted {
+		measured = append(measured, readCommittedRelay)
+	}
+	m.relays = measured
+	samples := make([][]sample, len(measured))
 	for round := range o.rounds {
-		order := slices.Clone(relays)
-		idx := []int{0, 1}
-		if round%2 == 1 { // alternate, so a drifting load weighs on both alike
-			slices.Reverse(order)
+		idx := make([]int, len(measured))
+		for i := range idx {
+			idx[i] = i
+		}
+		if round%2 == 1 { // alternate, so a drifting load weighs on each alike
 			slices.Reverse(idx)
 		}
-		for i, r := range order {
+		for _, i := range idx {
+			r := measured[i]
 			s, err := m.measure(ctx, r)
 			if err != nil {
 				return fmt.Errorf("%s, round %d: %w", r.name, round+1, err)
 			}
-			samples[idx[i]] = append(samples[idx[i]], s)
+			samples[i] = append(samples[i], s)
 			fmt.Fprintf(o.out, "round %d: %s: drain %.0f / %.0f rows/s, live %.0f written / %.0f relayed msgs/s, backlog %d gone after %s, p99 %s\n",
 				round+1, r.name, s.drain1, s.drain2, s.produced, s.relayed, s.backlog, goneAfter(s.gone), s.p99.Round(time.Millisecond))
 		}
@@ -188,6 +222,7 @@ type meter struct {
 	db      *stdsql.DB
 	kafka   message.Publisher
 	addrs   []string
+	relays  []relayConfig
 	cluster interface {
 		CreateTopic(string, int32, map[string]string) error
 	}
@@ -463,7 +498,7 @@ func (m *meter) print(samples [][]sample) {
 	w := tabwriter.NewWriter(m.o.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "\nrelay\tdrain %d rows, 1 relay\t2 relays\tlive: written msgs/s\trelayed msgs/s\tbacklog after %s\tgone after (s)\tp99 write to broker\n",
 		m.o.rows, m.o.duration)
-	for i, r := range relays {
+	for i, r := range m.relays {
 		ss := samples[i]
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.name,
 			spread(ss, func(s sample) float64 { return s.drain1 }, "%.0f"),
@@ -475,15 +510,18 @@ func (m *meter) print(samples [][]sample) {
 			spread(ss, func(s sample) float64 { return s.p99.Seconds() * 1000 }, "%.0f ms"))
 	}
 	_ = w.Flush()
-	var ratios1, ratios2, live []float64
-	for round := range samples[0] {
-		before, after := samples[0][round], samples[1][round]
-		ratios1 = append(ratios1, after.drain1/before.drain1)
-		ratios2 = append(ratios2, after.drain2/before.drain2)
-		live = append(live, after.relayed/before.relayed)
+	fmt.Fprintln(m.o.out)
+	for j := 1; j < len(m.relays); j++ {
+		var ratios1, ratios2, live []float64
+		for round := range samples[0] {
+			before, after := samples[0][round], samples[j][round]
+			ratios1 = append(ratios1, after.drain1/before.drain1)
+			ratios2 = append(ratios2, after.drain2/before.drain2)
+			live = append(live, after.relayed/before.relayed)
+		}
+		fmt.Fprintf(m.o.out, "%s over %s, per round: drain, 1 relay %s; 2 relays %s; live relayed %s\n",
+			m.relays[j].name, m.relays[0].name, ratioSpread(ratios1), ratioSpread(ratios2), ratioSpread(live))
 	}
-	fmt.Fprintf(m.o.out, "\nbatch 100 over batch 1, per round: drain, 1 relay %s; 2 relays %s; live relayed %s\n",
-		ratioSpread(ratios1), ratioSpread(ratios2), ratioSpread(live))
 }
 
 // spread is the median of f over ss, with the smallest and largest.
