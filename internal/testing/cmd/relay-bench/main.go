@@ -2,7 +2,8 @@
 // in one process, in interleaved rounds: watermill-sql v4's queue relay
 // reading one row a batch (the configuration docs/outbox.md recommended
 // before) and reading 100 rows a batch behind inbox.RelaySubscriber with no
-// AckDeadline (the one it recommends now). Each relay is Watermill's
+// AckDeadline (the one it recommends now), and the PostgreSQL relay
+// docs/outbox.md recommends for reference (-postgres-dsn). Each relay is Watermill's
 // forwarder from the outbox table to an in-process Kafka broker, published
 // by watermill-kafka's synchronous producer, as users run it.
 //
@@ -50,6 +51,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testing/bench"
@@ -58,6 +60,7 @@ import (
 
 type options struct {
 	dsn       string
+	pgDSN     string // "": no PostgreSQL relay
 	rows      int
 	producers int
 	duration  time.Duration
@@ -71,6 +74,8 @@ func main() {
 	var o options
 	flag.StringVar(&o.dsn, "mysql-dsn", env("root@tcp(127.0.0.1:3306)/test", "INBOX_BENCH_MYSQL_DSN", "INBOX_TEST_MYSQL_DSN"),
 		"MySQL/MariaDB DSN (default: $INBOX_BENCH_MYSQL_DSN, $INBOX_TEST_MYSQL_DSN, or the local test database)")
+	flag.StringVar(&o.pgDSN, "postgres-dsn", env("postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "INBOX_BENCH_POSTGRES_DSN", "INBOX_TEST_POSTGRES_DSN"),
+		"PostgreSQL URL of the recommended PostgreSQL relay, measured beside them (empty: none)")
 	flag.IntVar(&o.rows, "rows", 5000, "rows in the outbox table the drain measurement starts from")
 	flag.IntVar(&o.producers, "producers", 8, "producers writing during the live measurement")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of the live measurement")
@@ -102,6 +107,7 @@ type relayConfig struct {
 	name string
 	// subscriber is the relay's subscriber, as the forwarder gets it.
 	subscriber func(db *stdsql.DB) (message.Subscriber, error)
+	postgres   bool // on PostgreSQL, else MySQL/MariaDB
 }
 
 // pollInterval is how long a relay waits after finding the table empty
@@ -156,6 +162,20 @@ func (readCommitted) SubscribeIsolationLevel() stdsql.IsolationLevel {
 	return stdsql.LevelReadCommitted
 }
 
+// postgresRelay is the PostgreSQL relay docs/outbox.md recommends, for
+// reference.
+var postgresRelay = relayConfig{name: "PostgreSQL v4, default schema + offsets", postgres: true, subscriber: func(db *stdsql.DB) (message.Subscriber, error) {
+	return postgresSubscriber(db)
+}}
+
+func postgresSubscriber(db *stdsql.DB) (*wsql.Subscriber, error) {
+	return wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
+		ConsumerGroup: "relay", PollInterval: pollInterval,
+		SchemaAdapter:  wsql.DefaultPostgreSQLSchema{},
+		OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
+	}, logger)
+}
+
 // sample is one relay's measurement in one round.
 type sample struct {
 	drain1, drain2    float64 // rows/s
@@ -166,16 +186,11 @@ type sample struct {
 }
 
 func run(ctx context.Context, o options) error {
-	db, err := stdsql.Open("mysql", o.dsn)
+	db, err := open("mysql", o.dsn, o.producers)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(o.producers + 8)
-	db.SetMaxIdleConns(o.producers + 8)
-	if err := db.PingContext(ctx); err != nil {
-		return err
-	}
 	cluster, err := kafkatest.NewCluster()
 	if err != nil {
 		return err
@@ -191,6 +206,13 @@ func run(ctx context.Context, o options) error {
 	measured := slices.Clone(relays)
 	if o.readCommitted {
 		measured = append(measured, readCommittedRelay)
+	}
+	if o.pgDSN != "" {
+		measured = append(measured, postgresRelay)
+		if m.pg, err = open("pgx", o.pgDSN, o.producers); err != nil {
+			return err
+		}
+		defer m.pg.Close()
 	}
 	m.relays = measured
 	samples := make([][]sample, len(measured))
@@ -217,9 +239,24 @@ func run(ctx context.Context, o options) error {
 	return nil
 }
 
+func open(driver, dsn string, producers int) (*stdsql.DB, error) {
+	db, err := stdsql.Open(driver, dsn)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(producers + 8)
+	db.SetMaxIdleConns(producers + 8)
+	if err := db.Ping(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
 // meter runs the measurements.
 type meter struct {
-	db      *stdsql.DB
+	db      *stdsql.DB // MySQL/MariaDB
+	pg      *stdsql.DB
 	kafka   message.Publisher
 	addrs   []string
 	relays  []relayConfig
@@ -245,6 +282,8 @@ func (m *meter) measure(ctx context.Context, r relayConfig) (sample, error) {
 // to.
 type outbox struct {
 	m          *meter
+	r          relayConfig
+	db         *stdsql.DB
 	topic      string // the SQL topic, table watermill_<topic>
 	kafkaTopic string
 	published  atomic.Int64
@@ -254,13 +293,20 @@ type outbox struct {
 }
 
 func (m *meter) newOutbox(ctx context.Context, r relayConfig) (*outbox, error) {
-	ob := &outbox{m: m, topic: bench.Name("relay_bench"), kafkaTopic: bench.Name("relayed")}
+	ob := &outbox{m: m, r: r, db: m.db, topic: bench.Name("relay_bench"), kafkaTopic: bench.Name("relayed")}
 	if err := m.cluster.CreateTopic(ob.kafkaTopic, 4, nil); err != nil {
 		return nil, err
 	}
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(m.db), wsql.SubscriberConfig{
-		SchemaAdapter: wsql.MySQLQueueSchema{}, OffsetsAdapter: wsql.MySQLQueueOffsetsAdapter{DeleteOnAck: true},
-	}, logger)
+	var sub *wsql.Subscriber
+	var err error
+	if r.postgres {
+		ob.db = m.pg
+		sub, err = postgresSubscriber(m.pg)
+	} else {
+		sub, err = wsql.NewSubscriber(wsql.BeginnerFromStdSQL(m.db), wsql.SubscriberConfig{
+			SchemaAdapter: wsql.MySQLQueueSchema{}, OffsetsAdapter: wsql.MySQLQueueOffsetsAdapter{DeleteOnAck: true},
+		}, logger)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -275,7 +321,11 @@ func (ob *outbox) drop(ctx context.Context) {
 	for _, stop := range ob.stops {
 		stop()
 	}
-	_, _ = ob.m.db.ExecContext(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS `watermill_"+ob.topic+"`")
+	drop := "DROP TABLE IF EXISTS `watermill_" + ob.topic + "`"
+	if ob.r.postgres {
+		drop = fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%[1]s", "watermill_offsets_%[1]s"`, ob.topic)
+	}
+	_, _ = ob.db.ExecContext(context.WithoutCancel(ctx), drop)
 }
 
 // Publish is the relay's publisher: Kafka, then the count and the delay of
@@ -300,7 +350,7 @@ func (ob *outbox) Close() error { return nil }
 
 // startRelay runs a replica of r's relay on the outbox until drop.
 func (ob *outbox) startRelay(r relayConfig) error {
-	sub, err := r.subscriber(ob.m.db)
+	sub, err := r.subscriber(ob.db)
 	if err != nil {
 		return err
 	}
@@ -323,7 +373,11 @@ func (ob *outbox) startRelay(r relayConfig) error {
 
 // publisher is an outbox publisher bound to tx, as a producer's.
 func (ob *outbox) publisher(tx *stdsql.Tx) (message.Publisher, error) {
-	pub, err := wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.MySQLQueueSchema{}}, logger)
+	var schema wsql.SchemaAdapter = wsql.MySQLQueueSchema{}
+	if ob.r.postgres {
+		schema = wsql.DefaultPostgreSQLSchema{}
+	}
+	pub, err := wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: schema}, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -332,7 +386,7 @@ func (ob *outbox) publisher(tx *stdsql.Tx) (message.Publisher, error) {
 
 // write writes msgs to the outbox in one transaction.
 func (ob *outbox) write(ctx context.Context, msgs ...*message.Message) error {
-	tx, err := ob.m.db.BeginTx(ctx, nil)
+	tx, err := ob.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -345,6 +399,15 @@ func (ob *outbox) write(ctx context.Context, msgs ...*message.Message) error {
 		return err
 	}
 	return tx.Commit()
+}
+
+// backlogQuery counts the rows the relays have not published.
+func (ob *outbox) backlogQuery() string {
+	if ob.r.postgres {
+		return fmt.Sprintf(`SELECT count(*) FROM "watermill_%[1]s" m WHERE NOT EXISTS (SELECT FROM "watermill_offsets_%[1]s" o
+			WHERE (m.transaction_id, m."offset") <= (o.last_processed_transaction_id, o.offset_acked))`, ob.topic)
+	}
+	return "SELECT count(*) FROM `watermill_" + ob.topic + "`"
 }
 
 func newMessage() *message.Message {
@@ -430,7 +493,7 @@ func (m *meter) live(ctx context.Context, r relayConfig, s sample) (sample, erro
 	if err := ctx.Err(); err != nil {
 		return s, err
 	}
-	if err := m.db.QueryRowContext(ctx, "SELECT count(*) FROM `watermill_"+ob.topic+"`").Scan(&s.backlog); err != nil {
+	if err := ob.db.QueryRowContext(ctx, ob.backlogQuery()).Scan(&s.backlog); err != nil {
 		return s, err
 	}
 	s.produced = float64(written.Load()) / elapsed.Seconds()
@@ -512,6 +575,9 @@ func (m *meter) print(samples [][]sample) {
 	_ = w.Flush()
 	fmt.Fprintln(m.o.out)
 	for j := 1; j < len(m.relays); j++ {
+		if m.relays[j].postgres {
+			continue // another database: no ratio
+		}
 		var ratios1, ratios2, live []float64
 		for round := range samples[0] {
 			before, after := samples[0][round], samples[j][round]
