@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
@@ -36,7 +37,6 @@ func TestOutboxMySQL(t *testing.T) {
 		mw    message.HandlerMiddleware
 	)
 	require.NoError(t, mysqlOutbox(db, store, watermill.NopLogger{}, &relay, &mw))
-	t.Cleanup(func() { _ = relay.Close() })
 
 	p := newPipeline(t)
 	p.router.AddHandler("billing", "orders", p.pubSub, "invoices", p.pubSub, inbox.Handler(mw, func(msg *message.Message) ([]*message.Message, error) {
@@ -48,27 +48,36 @@ func TestOutboxMySQL(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, v3.Publish("invoices", message.NewMessage(watermill.NewUUID(), []byte(`{"invoice":2}`))))
 
-	msgs, err := relay.Subscribe(ctx, "invoices")
+	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = broker.Close() })
+	relayed, err := broker.Subscribe(ctx, "invoices")
 	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- runMySQLRelay(runCtx, relay, broker, watermill.NopLogger{}) }()
 	for range 2 {
 		select {
-		case msg := <-msgs:
+		case msg := <-relayed:
 			msg.Ack()
 		case <-time.After(20 * time.Second):
-			t.Fatal("the relay read no row")
+			t.Fatal("the relay published no row")
 		}
 	}
 	require.Eventually(t, func() bool { return countRows(t, db, "watermill_invoices")() == 0 }, 20*time.Second, 20*time.Millisecond,
 		"the relay deletes the rows it publishes")
+	stop()
+	require.NoError(t, <-done)
 }
 
 // mysqlOutbox is docs/outbox.md's MySQL snippet: the queue relay's
 // subscriber, which creates the outbox table, and the middleware whose
 // produced publisher writes to it.
 func mysqlOutbox(db *sql.DB, store *sqlinbox.Store, logger watermill.LoggerAdapter, relay *message.Subscriber, middleware *message.HandlerMiddleware) error {
+	noDeadline := time.Duration(0) // no AckDeadline: a slow publish stays in flight
 	relaySubscriber, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
-		SchemaAdapter:  wsql.MySQLQueueSchema{SubscribeBatchSize: 1},
+		SchemaAdapter:  wsql.MySQLQueueSchema{SubscribeBatchSize: 100}, // payload column JSON; else GeneratePayloadType, on both sides
 		OffsetsAdapter: wsql.MySQLQueueOffsetsAdapter{DeleteOnAck: true},
+		AckDeadline:    &noDeadline,
 	}, logger)
 	if err != nil {
 		return err
@@ -84,6 +93,17 @@ func mysqlOutbox(db *sql.DB, store *sqlinbox.Store, logger watermill.LoggerAdapt
 	})
 	*relay, *middleware = relaySubscriber, mw
 	return err
+}
+
+// runMySQLRelay is docs/outbox.md's relay loop: every replica runs it.
+func runMySQLRelay(ctx context.Context, relaySubscriber message.Subscriber, brokerPublisher message.Publisher, logger watermill.LoggerAdapter) error {
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		return err
+	}
+	// RelaySubscriber: a stop mid-batch (ctx, router.Close, SIGTERM) rolls the batch back
+	router.AddHandler("relay", "invoices", inbox.RelaySubscriber(relaySubscriber), "invoices", brokerPublisher, message.PassthroughHandler)
+	return router.Run(ctx)
 }
 
 // mysqlDatabaseDSN creates a MySQL database of the test's own and returns

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	stdsql "database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -49,7 +50,9 @@ const oldRelayEnv = "INBOX_TEST_OLD_MYSQL_RELAY"
 // docs/outbox.md documents, built as a user builds it:
 //
 //	A: order row + order event in A's outbox, one transaction
-//	relay A -> Kafka "orders", every event published 3 times
+//	relay A -> Kafka "orders", every event published 3 times; the broker
+//	   refuses 20 publishes in a row; shut down gracefully while its batch is
+//	   in flight (A writes faster than it publishes), then replaced
 //	B, 2 replicas, 8 handlers in flight: inbox claim + invoice event in B's
 //	   outbox, a random pause between the outbox write and the commit (so
 //	   that rows commit out of their insert order); crashes after commits,
@@ -86,7 +89,9 @@ func runChain(t *testing.T, c outboxConfig, events int) {
 
 	outboxA := newOutboxWith(t, db, c)
 	orders := newOrderService(t, db, outboxA)
-	startRelayWith(t, outboxA, copies{kafkaPub, chainCopies}, relayOptions{})
+	refused := &refusing{Publisher: copies{kafkaPub, chainCopies}, from: int64(events / 4), n: 20}
+	shutdownA := &midBatchShutdown{at: int64(events / 2), relay: make(chan *relay, 1), stopped: make(chan struct{})}
+	shutdownA.relay <- startRelayWith(t, outboxA, refused, relayOptions{after: shutdownA.middleware})
 
 	outboxB := newOutboxWith(t, db, c)
 	billing := effects.NewServiceWith(t, db, "billing", storeConfig)
@@ -119,6 +124,12 @@ func runChain(t *testing.T, c outboxConfig, events int) {
 	})
 
 	ids := orders.placeOrders(t, ordersTopic, events)
+	select {
+	case <-shutdownA.stopped: // gracefully, with its batch in flight
+	case <-time.After(drainFor):
+		t.Fatal("relay A did not shut down at its row")
+	}
+	startRelayWith(t, outboxA, refused, relayOptions{})
 	billing.WaitEffects(t, events/3)
 	stopB1() // B restarts mid-stream
 	billing.Run(t, kafkaSubscriber(t, b.addrs, "billing"), ordersTopic, billingConfig)
@@ -136,6 +147,7 @@ func runChain(t *testing.T, c outboxConfig, events int) {
 	require.Eventually(t, func() bool { return outboxB.pending(t) == 0 }, drainFor, 20*time.Millisecond, "relay B did not drain")
 	b.waitDrained(t, "notifier", invoicesTopic)
 	require.True(t, kill.done.Load(), "relay B's session was killed once")
+	require.GreaterOrEqual(t, refused.calls.Load(), refused.from+refused.n, "the broker refused relay A's publishes for a while")
 
 	counts := notifier.EffectCounts(t)
 	var lost, doubled int
@@ -175,6 +187,22 @@ func (c copies) Publish(topic string, msgs ...*message.Message) error {
 		}
 	}
 	return nil
+}
+
+// refusing is a broker that refuses publishes from its from-th call, n
+// times in a row: the relay's handler fails, the row stays in flight and
+// is published again.
+type refusing struct {
+	message.Publisher
+	from, n int64
+	calls   atomic.Int64
+}
+
+func (r *refusing) Publish(topic string, msgs ...*message.Message) error {
+	if c := r.calls.Add(1); c >= r.from && c < r.from+r.n {
+		return errors.New("the broker refused the publish")
+	}
+	return r.Publisher.Publish(topic, msgs...)
 }
 
 // pauseAfter pauses up to 10 ms after writing to the outbox, before the

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
 	"github.com/watermill-inbox/inbox/internal/testing/effects"
 	"github.com/watermill-inbox/inbox/internal/testing/kafkatest"
@@ -266,7 +267,9 @@ func startRelayWith(t testing.TB, o *outbox, pub message.Publisher, opts relayOp
 	if opts.after != nil {
 		mws = append(mws, opts.after)
 	}
-	fwd, err := forwarder.NewForwarder(o.subscriber(t), pub, logger, forwarder.Config{
+	// Closed as docs/outbox.md tells users: the subscription's context
+	// ends first, so a batch in flight rolls back.
+	fwd, err := forwarder.NewForwarder(inbox.RelaySubscriber(o.subscriber(t)), pub, logger, forwarder.Config{
 		ForwarderTopic: o.topic,
 		Middlewares:    mws,
 		CloseTimeout:   10 * time.Second,

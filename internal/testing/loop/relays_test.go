@@ -77,15 +77,17 @@ var (
 		drop:    postgresDrop,
 	}
 	// On MariaDB the relay is v4's queue: acked rows are deleted, so a row
-	// that commits below one already relayed is still found. One row per
-	// batch: v4.1's subscriber hands the whole batch to the queue's
-	// AckMessageQuery when it stops mid-batch (TestQueueRelayStoppedMidBatch).
+	// that commits below one already relayed is still found. v4.1's
+	// subscriber hands the whole batch to the queue's AckMessageQuery when
+	// it stops mid-batch, so the relay reads queueBatch rows with no
+	// AckDeadline and is closed through inbox.RelaySubscriber
+	// (TestQueueRelayStoppedMidBatch).
 	mariadbV4 = outboxConfig{
 		name: "mariadb-v4", mysql: true,
 		publisher: func(tx *stdsql.Tx) (message.Publisher, error) {
 			return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.MySQLQueueSchema{}}, logger)
 		},
-		relay:   mysqlQueueRelay(1),
+		relay:   mysqlQueueRelay(queueBatch),
 		pending: mysqlQueuePending,
 		drop:    mysqlDrop,
 	}
@@ -97,7 +99,7 @@ var (
 		publisher: func(tx *stdsql.Tx) (message.Publisher, error) {
 			return wsqlv3.NewPublisher(tx, wsqlv3.PublisherConfig{SchemaAdapter: wsqlv3.DefaultMySQLSchema{}}, logger)
 		},
-		relay:   mysqlQueueRelay(1),
+		relay:   mysqlQueueRelay(queueBatch),
 		pending: mysqlQueuePending,
 		drop:    mysqlDrop,
 	}
@@ -137,12 +139,17 @@ var (
 	}
 )
 
+// queueBatch is the batch docs/outbox.md recommends for the queue relay.
+const queueBatch = 100
+
 // mysqlQueueRelay is a v4 queue relay reading batch rows at a time, no
-// consumer group (the queue schema has none), acked rows deleted.
+// consumer group (the queue schema has none), acked rows deleted, no
+// AckDeadline.
 func mysqlQueueRelay(batch int) func(db *stdsql.DB) (subscriber, error) {
 	return func(db *stdsql.DB) (subscriber, error) {
+		noDeadline := time.Duration(0)
 		return wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
-			PollInterval: relayPoll.poll, ResendInterval: relayPoll.resend, RetryInterval: relayPoll.retry,
+			PollInterval: relayPoll.poll, ResendInterval: relayPoll.resend, RetryInterval: relayPoll.retry, AckDeadline: &noDeadline,
 			SchemaAdapter:  wsql.MySQLQueueSchema{SubscribeBatchSize: batch},
 			OffsetsAdapter: wsql.MySQLQueueOffsetsAdapter{DeleteOnAck: true},
 		}, logger)
