@@ -123,3 +123,24 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// declareQueue declares queue as amqpsource and watermill-amqp's durable
+// queue configuration do, for a publisher that publishes before anyone
+// subscribes; the function it returns deletes it.
+func declareQueue(queue string) (deleteQueue func()) {
+	conn, err := amqp.Dial(amqpURL())
+	if err != nil {
+		panic(err)
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		_, err = ch.QueueDeclare(queue, true, false, false, false, nil)
+	}
+	if err != nil {
+		panic(err)
+	}
+	return func() {
+		_, _ = ch.QueueDelete(queue, false, false, false)
+		_ = conn.Close()
+	}
+}
