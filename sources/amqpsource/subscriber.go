@@ -28,6 +28,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	inbox "github.com/watermill-inbox/inbox"
+	"github.com/watermill-inbox/inbox/internal/handover"
 )
 
 // DefaultPrefetch is [Config.Prefetch]'s default: two batches of
@@ -187,7 +188,8 @@ func (sub *subscription) run(deliveries <-chan amqp.Delivery) {
 }
 
 // handOver sends d's message to the consumer and settles d once the
-// message is; false when the consumer is gone.
+// message is; false when the consumer is gone. A delivery left unsettled
+// is requeued by RabbitMQ when its channel closes.
 func (sub *subscription) handOver(d amqp.Delivery) bool {
 	msg, err := sub.s.config.Marshaler.Unmarshal(d)
 	if err != nil {
@@ -200,31 +202,8 @@ func (sub *subscription) handOver(d amqp.Delivery) bool {
 	if d.Redelivered {
 		msg.Metadata.Set(wamqp.MetadataRedeliveredKey, "true")
 	}
-	ctx, cancel := context.WithCancel(sub.ctx)
-	msg.SetContext(ctx)
-	select {
-	case sub.out <- msg:
-	case <-sub.ctx.Done():
-		cancel()
-		sub.settle(d.Nack(false, true))
-		return false
-	case <-sub.s.closing:
-		cancel()
-		return false
-	}
-	sub.acks.Go(func() {
-		defer cancel()
-		select {
-		case <-msg.Acked():
-			sub.settle(d.Ack(false))
-		case <-msg.Nacked():
-			sub.settle(d.Nack(false, true))
-		case <-sub.ctx.Done():
-			// The channel closes: RabbitMQ requeues d.
-		case <-sub.s.closing:
-		}
-	})
-	return true
+	d2 := handover.Delivery{Ack: func() error { return d.Ack(false) }, Nack: func() error { return d.Nack(false, true) }}
+	return handover.Deliver(sub.ctx, sub.s.closing, sub.out, msg, d2, &sub.acks, sub.settle)
 }
 
 // settle logs an ack, nack or reject that failed: the delivery's channel
