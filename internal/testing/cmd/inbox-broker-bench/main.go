@@ -1,25 +1,29 @@
 // Command inbox-broker-bench measures batches from a broker: events
-// published to RabbitMQ, then consumed by replicas that write one row per
-// event to PostgreSQL (pgx through database/sql), three ways side by side
-// in interleaved rounds, so that every ratio compares runs made under the
-// same load:
+// published to RabbitMQ (-broker rabbitmq) or NATS JetStream (-broker
+// nats), then consumed by replicas that write one row per event to
+// PostgreSQL (pgx through database/sql), three ways side by side in
+// interleaved rounds, so that every ratio compares runs made under the same
+// load:
 //
 //   - inbox: the per-message inbox (a Watermill router with the
-//     middleware) on watermill-amqp's subscriber, one handler per replica;
-//   - batch: inbox.BatchConsumer.Run on sources/amqpsource, MaxSize -size;
-//   - bare: the same batches from sources/amqpsource, written in one
+//     middleware), one handler per replica, on watermill-amqp's subscriber
+//     (RabbitMQ) or on natssource with one message unacked per replica;
+//   - batch: inbox.BatchConsumer.Run on the broker's batch source
+//     (sources/amqpsource, sources/natssource), MaxSize -size;
+//   - bare: the same batches from the same source, written in one
 //     transaction each without the inbox.
 //
-// Each run publishes -events events to a queue of its own, then starts
-// -replicas replicas and measures from the first delivery to the last ack.
-// It prints per mode msgs/s (median of the rounds, with their range), p99
-// of a message's time from its delivery to its ack, the batch sizes
-// reached, and the ratios batch/inbox and batch/bare (medians of the
+// Each run publishes -events events to a queue or stream of its own, then
+// starts -replicas replicas and measures from the first delivery to the
+// last ack. It prints per mode msgs/s (median of the rounds, with their
+// range), p99 of a message's time from its delivery to its ack, the batch
+// sizes reached, and the ratios batch/inbox and batch/bare (medians of the
 // per-round ratios, with their range).
 //
 // From internal/testing, the test rig's module:
 //
 //	go run ./cmd/inbox-broker-bench -events 10000 -rounds 5
+//	go run ./cmd/inbox-broker-bench -broker nats -events 10000 -rounds 5
 package main
 
 import (
@@ -37,19 +41,17 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/jackc/pgx/v5/stdlib"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	inbox "github.com/watermill-inbox/inbox"
 	"github.com/watermill-inbox/inbox/internal/testdb"
-	"github.com/watermill-inbox/inbox/sources/amqpsource"
 	"github.com/watermill-inbox/inbox/sqlinbox"
 )
 
 type options struct {
-	amqpURL, dsn             string
+	amqpURL, natsURL, dsn    string
+	broker                   broker
 	events, rounds, replicas int
 	size                     int
 	wait                     time.Duration
@@ -58,6 +60,8 @@ type options struct {
 
 func main() {
 	o := options{out: os.Stdout, progress: os.Stderr}
+	brokerName := flag.String("broker", "rabbitmq", "rabbitmq or nats")
+	flag.StringVar(&o.natsURL, "nats", env("INBOX_TEST_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL")
 	flag.StringVar(&o.amqpURL, "amqp", env("INBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.StringVar(&o.dsn, "dsn", testdb.PostgresDSN(), "PostgreSQL URL")
 	flag.IntVar(&o.events, "events", 10000, "events per run")
@@ -66,6 +70,11 @@ func main() {
 	flag.IntVar(&o.size, "size", 100, "batch MaxSize (and half the source's prefetch)")
 	flag.DurationVar(&o.wait, "wait", inbox.DefaultMaxBatchWait, "batch MaxWait")
 	flag.Parse()
+	var err error
+	if o.broker, err = brokerNamed(*brokerName); err != nil {
+		fmt.Fprintln(os.Stderr, "inbox-broker-bench:", err)
+		os.Exit(2)
+	}
 	if err := run(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "inbox-broker-bench:", err)
 		os.Exit(1)
@@ -149,10 +158,11 @@ func runOnce(ctx context.Context, o options, db *sql.DB, m mode) (result, error)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE `+r.effects+` (id bigserial PRIMARY KEY, event_id text NOT NULL)`); err != nil {
 		return result{}, err
 	}
-	if err := publish(o, r.queue); err != nil {
+	remove, err := o.broker.publish(o, r.queue)
+	if err != nil {
 		return result{}, err
 	}
-	defer deleteQueue(o.amqpURL, r.queue)
+	defer remove()
 	var stops []func() error
 	for range o.replicas {
 		stop, err := m.start(ctx, o, r)
@@ -183,45 +193,6 @@ func runOnce(ctx context.Context, o options, db *sql.DB, m mode) (result, error)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return result{rate: float64(o.events) / end.Sub(r.first).Seconds(), latencies: r.latencies, sizes: r.sizes}, nil
-}
-
-// publish publishes n events to a new durable queue, as a watermill-amqp
-// publisher does.
-func publish(o options, queue string) error {
-	conn, err := amqp.Dial(o.amqpURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		return err
-	}
-	pub, err := wamqp.NewPublisher(wamqp.NewDurableQueueConfig(o.amqpURL), watermill.NopLogger{})
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
-	for range o.events {
-		if err := pub.Publish(queue, message.NewMessage(watermill.NewUUID(), nil)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func deleteQueue(url, queue string) {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	if ch, err := conn.Channel(); err == nil {
-		_, _ = ch.QueueDelete(queue, false, false, false)
-	}
 }
 
 // timed wraps a subscriber: it times each message from its delivery to its
@@ -287,7 +258,7 @@ func (r *runState) batchDone(n int) {
 }
 
 func startInbox(ctx context.Context, o options, r *runState) (func() error, error) {
-	sub, err := wamqp.NewSubscriber(wamqp.NewDurableQueueConfig(o.amqpURL), watermill.NopLogger{})
+	sub, err := o.broker.perMessage(o, r.queue)
 	if err != nil {
 		return nil, err
 	}
@@ -394,9 +365,9 @@ func collect(ctx context.Context, msgs <-chan *message.Message, size int, wait t
 	return batch, true
 }
 
-// runSource runs consume on an amqpsource subscriber until stopped.
+// runSource runs consume on the broker's batch source until stopped.
 func runSource(ctx context.Context, o options, r *runState, consume func(context.Context, message.Subscriber) error) (func() error, error) {
-	sub, err := amqpsource.NewSubscriber(amqpsource.Config{URL: o.amqpURL, Prefetch: 2 * o.size})
+	sub, err := o.broker.batch(o, r.queue)
 	if err != nil {
 		return nil, err
 	}
@@ -414,8 +385,8 @@ func runSource(ctx context.Context, o options, r *runState, consume func(context
 }
 
 func report(o options, results [][]result) {
-	fmt.Fprintf(o.out, "RabbitMQ to PostgreSQL (pgx database/sql), %d events per run, %d replicas, MaxSize %d, MaxWait %s, %d rounds\n",
-		o.events, o.replicas, o.size, o.wait, o.rounds)
+	fmt.Fprintf(o.out, "%s to PostgreSQL (pgx database/sql), %d events per run, %d replicas, MaxSize %d, MaxWait %s, %d rounds\n",
+		o.broker.name, o.events, o.replicas, o.size, o.wait, o.rounds)
 	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "mode\tmsgs/s median\trounds\tp99 delivery to ack\tbatch avg\tbatch max\t")
 	for i, m := range modes {
