@@ -119,7 +119,8 @@ func NewSubscriber(config Config) (*Subscriber, error) {
 
 // Subscribe pulls the messages of subject topic through the durable
 // consumer, which it creates or updates on the stream holding topic. The
-// returned channel closes when ctx ends or the subscriber is closed.
+// returned channel closes when ctx ends, the subscriber is closed or its
+// connection closes.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	select {
 	case <-s.closing:
@@ -184,7 +185,7 @@ func (sub *subscription) run(it jetstream.MessagesContext) {
 	defer sub.acks.Wait()
 	for {
 		m, err := it.Next()
-		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, nats.ErrConnectionClosed) {
 			return
 		}
 		if err != nil {
