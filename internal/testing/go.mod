@@ -92,6 +92,8 @@ require (
 	github.com/tidwall/sjson v1.2.5 // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	github.com/vmihailenco/msgpack v4.0.4+incompatible // indirect
+	github.com/watermill-inbox/inbox/sources/amqpsource v0.0.0-00010101000000-000000000000
+	github.com/watermill-inbox/inbox/sources/natssource v0.0.0-00010101000000-000000000000
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
@@ -113,3 +115,7 @@ require (
 )
 
 replace github.com/watermill-inbox/inbox => ../..
+
+replace github.com/watermill-inbox/inbox/sources/amqpsource => ../../sources/amqpsource
+
+replace github.com/watermill-inbox/inbox/sources/natssource => ../../sources/natssource
