@@ -263,7 +263,7 @@ func runWorkers(t *testing.T, sub message.Subscriber, topic string, config inbox
 	t.Helper()
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
-	poison, err := middleware.PoisonQueueWithFilter(countingPublisher{poisoned}, "poison", func(err error) bool { return !inbox.IsTransient(err) })
+	poison, err := middleware.PoisonQueueWithFilter(poisonCounter{poisoned}, "poison", func(err error) bool { return !inbox.IsTransient(err) })
 	require.NoError(t, err)
 	mw, err := inbox.NewMiddleware(config)
 	require.NoError(t, err)
@@ -272,15 +272,15 @@ func runWorkers(t *testing.T, sub message.Subscriber, topic string, config inbox
 	return effects.StartRouter(t, router)
 }
 
-// countingPublisher counts what is published to it.
-type countingPublisher struct{ n *atomic.Int64 }
+// poisonCounter counts what is published to it, publishing nothing.
+type poisonCounter struct{ n *atomic.Int64 }
 
-func (p countingPublisher) Publish(_ string, msgs ...*message.Message) error {
+func (p poisonCounter) Publish(_ string, msgs ...*message.Message) error {
 	p.n.Add(int64(len(msgs)))
 	return nil
 }
 
-func (countingPublisher) Close() error { return nil }
+func (poisonCounter) Close() error { return nil }
 
 // publishCopies publishes n new events to topic copies times, in rounds, and
 // returns their ids.
