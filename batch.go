@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/internal/errtext"
 	"github.com/watermill-inbox/inbox/internal/session"
 	"github.com/watermill-inbox/inbox/observe"
 )
@@ -75,8 +77,14 @@ type BatchConfig struct {
 	// to nil.
 	Observer observe.Observer
 
+	// Backoff paces failures as [NewBackoff] does: a transient failure
+	// is retried in place after a wait, a message nacked for good only
+	// after one (brokers redeliver a nack at once), and each kind of
+	// failure logged at most once per LogInterval.
+	Backoff BackoffConfig
+
 	// Logger receives a line per poisoned message and failed after-commit
-	// hook. Defaults to [watermill.NopLogger].
+	// hook, and Backoff's lines. Defaults to [watermill.NopLogger].
 	Logger watermill.LoggerAdapter
 }
 
@@ -91,6 +99,11 @@ type BatchConsumer struct {
 	e       *engine
 	claimer inboxdriver.BatchClaimer
 	handler BatchHandlerFunc
+
+	transient outageLog // transient failures, retried in place
+	nacked    outageLog // messages failing on their own, without PoisonPublisher
+	mu        sync.Mutex
+	wait      time.Duration // the last backoff of the current run of failures
 }
 
 // NewBatchConsumer returns a [BatchConsumer] running handler.
@@ -106,6 +119,7 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 	}
 	mc := Config{Store: config.Store, Consumer: config.Consumer, EventID: config.EventID, TxOptions: config.TxOptions, Observer: config.Observer, Logger: config.Logger}
 	mc.setDefaults()
+	config.Backoff.setDefaults()
 	claimer, ok := config.Store.(inboxdriver.BatchClaimer)
 	var err error
 	switch {
@@ -120,7 +134,7 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 	case (config.PoisonPublisher == nil) != (config.PoisonTopic == ""):
 		err = errors.New("PoisonPublisher and PoisonTopic go together")
 	default:
-		err = mc.validate()
+		err = errors.Join(mc.validate(), config.Backoff.validate())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("inbox: invalid batch config: %w", err)
@@ -130,7 +144,11 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 	if checker, ok := config.Store.(inboxdriver.EventIDChecker); ok {
 		e.checkID = checker.CheckEventID
 	}
-	return &BatchConsumer{config: config, e: e, claimer: claimer, handler: handler}, nil
+	return &BatchConsumer{
+		config: config, e: e, claimer: claimer, handler: handler,
+		transient: outageLog{logger: config.Logger, interval: config.Backoff.LogInterval},
+		nacked:    outageLog{logger: config.Logger, interval: config.Backoff.LogInterval, what: "messages of a batch failed on their own and are nacked after a backoff (set PoisonPublisher to set them aside)"},
+	}, nil
 }
 
 // Run subscribes to topic and processes its messages in batches of up to
@@ -216,6 +234,7 @@ func (c *BatchConsumer) Process(ctx context.Context, msgs []*message.Message) er
 		distinct = append(distinct, it)
 	}
 	c.run(ctx, distinct)
+	c.waitOut(ctx, items)
 	var errs []error
 	for _, it := range items {
 		if f := it.copyOf; f != nil {
@@ -240,6 +259,73 @@ func (c *BatchConsumer) Process(ctx context.Context, msgs []*message.Message) er
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// waitOut paces the failures of items as [NewBackoff] does: it runs the
+// events that failed transiently again after a backoff, until none does or
+// ctx ends, and waits before the messages that failed for good are nacked,
+// for the broker not to hand them back at once.
+func (c *BatchConsumer) waitOut(ctx context.Context, items []*batchItem) {
+	for {
+		var transient []*batchItem
+		var nacked *batchItem
+		for _, it := range items {
+			switch {
+			case it.err == nil || it.copyOf != nil:
+			case IsTransient(it.err):
+				transient = append(transient, it)
+			case nacked == nil:
+				nacked = it
+			}
+		}
+		if len(transient) == 0 {
+			c.transient.over()
+		} else {
+			c.transient.failed(transient[0].err)
+		}
+		if nacked == nil {
+			c.nacked.over()
+		} else {
+			c.nacked.failed(fmt.Errorf("event %s, message %s: %w", errtext.Quote(nacked.id), nacked.msg.UUID, nacked.err))
+		}
+		if len(transient) == 0 && nacked == nil {
+			c.mu.Lock()
+			c.wait = 0
+			c.mu.Unlock()
+			return
+		}
+		if !c.backoff(ctx) {
+			return
+		}
+		if len(transient) == 0 {
+			return
+		}
+		for _, it := range transient {
+			it.err, it.ob.Outcome = nil, ""
+		}
+		c.run(ctx, transient)
+		items = transient
+	}
+}
+
+// backoff waits the next backoff of the consumer's run of failures; false
+// when ctx ended first. A batch that fails nothing ends the run.
+func (c *BatchConsumer) backoff(ctx context.Context) bool {
+	c.mu.Lock()
+	wait := c.config.Backoff.InitialInterval
+	if c.wait > 0 {
+		wait = min(2*c.wait, c.config.Backoff.MaxInterval)
+	}
+	c.wait = wait
+	c.mu.Unlock()
+	timer := time.NewTimer(jitter(wait))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
 }
 
 // batchItem is one message of a batch and what became of it.
@@ -346,7 +432,7 @@ func (c *BatchConsumer) failed(ctx context.Context, it *batchItem, err error, al
 		return
 	}
 	c.config.Logger.Error("Inbox: message of a batch poisoned", err, watermill.LogFields{"consumer": c.config.Consumer, "event_id": it.id, "message_uuid": it.msg.UUID})
-	it.err = nil
+	it.err, it.ob.Outcome = nil, observe.Poisoned
 }
 
 // handle runs the handler on fresh in tx and commits; on error tx is
