@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
 	"github.com/watermill-inbox/inbox/internal/errtext"
@@ -60,8 +61,10 @@ type BatchConfig struct {
 	// Subscriptions is how many subscriptions [BatchConsumer.Run] merges,
 	// as [Subscriptions] does: a batch holds at most one message per
 	// subscription on Watermill's AMQP, NATS and Redis Streams
-	// subscribers. Not for gochannel, whose subscriptions each get every
-	// message. Defaults to 1.
+	// subscribers, so fewer than MaxSize would have every batch wait
+	// MaxWait for messages they cannot deliver. Defaults to MaxSize; to 1
+	// on gochannel, whose subscriptions each get every message, and on a
+	// subscriber from [Subscriptions].
 	Subscriptions int
 
 	// PoisonPublisher takes a message that fails on its own (its event id
@@ -114,9 +117,6 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 	if config.MaxWait == 0 {
 		config.MaxWait = DefaultMaxBatchWait
 	}
-	if config.Subscriptions == 0 {
-		config.Subscriptions = 1
-	}
 	mc := Config{Store: config.Store, Consumer: config.Consumer, EventID: config.EventID, TxOptions: config.TxOptions, Observer: config.Observer, Logger: config.Logger}
 	mc.setDefaults()
 	config.Backoff.setDefaults()
@@ -154,15 +154,26 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 // Run subscribes to topic and processes its messages in batches of up to
 // [BatchConfig.MaxSize], collected for at most [BatchConfig.MaxWait] after
 // each batch's first message, until ctx ends (it returns ctx's error) or the
-// subscription closes (nil). A batch can only hold messages the subscriber
-// delivers before the previous ones are acked; see docs/batch.md.
+// subscription closes (nil). A batch ends sooner when its subscriptions
+// cannot deliver more: while none has ever delivered a message before the
+// previous one was acked, a batch holding one message of every subscription
+// that delivers takes only what is ready at once. See docs/batch.md.
 func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic string) error {
-	msgs, err := subscribeN(ctx, sub, topic, c.config.Subscriptions)
+	n := c.config.Subscriptions
+	if n == 0 {
+		n = c.config.MaxSize
+		switch sub.(type) {
+		case *gochannel.GoChannel, subscriptions:
+			n = 1
+		}
+	}
+	msgs, err := subscribeTagged(ctx, sub, topic, n)
 	if err != nil {
 		return err
 	}
+	src := &source{msgs: msgs, active: make([]bool, n)}
 	for {
-		batch, more := c.collect(ctx, msgs)
+		batch, more := c.collect(ctx, src)
 		if len(batch) > 0 && ctx.Err() == nil {
 			_ = c.Process(ctx, batch)
 		} else {
@@ -176,30 +187,71 @@ func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic s
 	}
 }
 
+// source is what [BatchConsumer.Run] learnt of its subscriptions.
+type source struct {
+	msgs    <-chan delivery
+	active  []bool // the subscriptions that delivered a message in the last MaxWait
+	actives int
+	streams bool // a subscription delivered a message before the previous one's ack
+}
+
 // collect reads one batch; more is false once ctx ended or msgs closed.
-func (c *BatchConsumer) collect(ctx context.Context, msgs <-chan *message.Message) (batch []*message.Message, more bool) {
+func (c *BatchConsumer) collect(ctx context.Context, src *source) (batch []*message.Message, more bool) {
+	holding := make([]bool, len(src.active))
+	held := 0
+	add := func(d delivery) {
+		batch = append(batch, d.msg)
+		if holding[d.from] {
+			src.streams = true
+			return
+		}
+		holding[d.from], held = true, held+1
+		if !src.active[d.from] {
+			src.active[d.from], src.actives = true, src.actives+1
+		}
+	}
 	select {
 	case <-ctx.Done():
 		return nil, false
-	case msg, ok := <-msgs:
+	case d, ok := <-src.msgs:
 		if !ok {
 			return nil, false
 		}
-		batch = append(batch, msg)
+		add(d)
 	}
 	timer := time.NewTimer(c.config.MaxWait)
 	defer timer.Stop()
 	for len(batch) < c.config.MaxSize {
+		if !src.streams && held == src.actives {
+			// Nothing more can come but what is ready now.
+			select {
+			case d, ok := <-src.msgs:
+				if !ok {
+					return batch, false
+				}
+				add(d)
+				continue
+			default:
+				return batch, true
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return batch, false
 		case <-timer.C:
+			// Those that delivered nothing in MaxWait are no longer
+			// waited for, until they deliver again.
+			for i, a := range src.active {
+				if a && !holding[i] {
+					src.active[i], src.actives = false, src.actives-1
+				}
+			}
 			return batch, true
-		case msg, ok := <-msgs:
+		case d, ok := <-src.msgs:
 			if !ok {
 				return batch, false
 			}
-			batch = append(batch, msg)
+			add(d)
 		}
 	}
 	return batch, true
