@@ -424,6 +424,12 @@ func (c *BatchConsumer) run(ctx context.Context, items []*batchItem) {
 	for _, it := range items {
 		it.ob.ClaimStart, it.ob.ClaimDuration = start, time.Since(start)
 	}
+	if err != nil && len(items) > 1 && errors.Is(err, inboxdriver.ErrBatchTooLarge) {
+		half := len(items) / 2
+		c.run(ctx, items[:half])
+		c.run(ctx, items[half:])
+		return
+	}
 	if err != nil {
 		outcome := observe.ClaimFailed
 		if errors.Is(err, ErrInFlight) {

@@ -77,6 +77,9 @@ func (s *Store) ClaimBatch(ctx context.Context, b inboxdriver.BatchClaim) (inbox
 		return nil, nil, fmt.Errorf("sqlinbox: waiting for a connection the other claims leave free: %w", err)
 	}
 	tx, fresh, err := s.beginBatch(ctx, b, sorted)
+	if err != nil && len(sorted) > 1 && tooLarge(err) {
+		err = fmt.Errorf("%w: %d events: %w", inboxdriver.ErrBatchTooLarge, len(sorted), err)
+	}
 	if err != nil || len(fresh) == 0 {
 		if tx != nil {
 			_ = tx.Rollback()
@@ -92,6 +95,17 @@ func (s *Store) ClaimBatch(ctx context.Context, b inboxdriver.BatchClaim) (inbox
 	t := &claimTx{tx: tx, ticket: ticket}
 	s.watchPoolOfOne(t)
 	return t, claimed, nil
+}
+
+// tooLarge tells a limit the database reports for a batch's size:
+// PostgreSQL's lock table or memory full (53200, out of shared memory: a
+// lock per event on a partitioned table), MySQL's max_allowed_packet or
+// lock table.
+func tooLarge(err error) bool {
+	if n, ok := mysqlErrorNumber(err); ok {
+		return n == mysqlPacketTooLarge || n == mysqlLockTableFull
+	}
+	return pgCode(err) == "53200"
 }
 
 // batchSQL is the multi-row claim for a store on another driver, nil
