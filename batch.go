@@ -140,12 +140,8 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 		return nil, fmt.Errorf("inbox: invalid batch config: %w", err)
 	}
 	config.EventID, config.Logger = mc.EventID, mc.Logger
-	e := &engine{config: mc, store: config.Store, observers: flatten(config.Observer)}
-	if checker, ok := config.Store.(inboxdriver.EventIDChecker); ok {
-		e.checkID = checker.CheckEventID
-	}
 	return &BatchConsumer{
-		config: config, e: e, claimer: claimer, handler: handler,
+		config: config, e: newEngine(mc), claimer: claimer, handler: handler,
 		transient: outageLog{logger: config.Logger, interval: config.Backoff.LogInterval},
 		nacked:    outageLog{logger: config.Logger, interval: config.Backoff.LogInterval, what: "messages of a batch failed on their own and are nacked after a backoff (set PoisonPublisher to set them aside)"},
 	}, nil
@@ -283,6 +279,14 @@ func (c *BatchConsumer) Process(ctx context.Context, msgs []*message.Message) er
 			continue
 		}
 		first[id] = it
+		// The guards before the claim, per event, as for one message:
+		// the lease warns of another service on this consumer.
+		if err := c.e.beforeClaim(&visit{msg: msg, consumer: c.config.Consumer, eventID: id, ob: &it.ob}); err != nil {
+			if err != errAck {
+				c.failed(ctx, it, err, true)
+			}
+			continue
+		}
 		distinct = append(distinct, it)
 	}
 	c.run(ctx, distinct)

@@ -137,3 +137,37 @@ func TestBatchTransientFailureWaitedOut(t *testing.T) {
 	require.Len(t, captured[watermill.InfoLogLevel], 1)
 	require.Equal(t, "Inbox: transient failures over", captured[watermill.InfoLogLevel][0].Msg)
 }
+
+// A batch consumer of consumer "billing" in another service than the
+// middleware of "billing" on the same table warns, as a middleware would:
+// each event runs in only one of them.
+func TestBatchConsumerWarnsOfSharedConsumer(t *testing.T) {
+	t.Parallel()
+	store, err := sqlinbox.New(testdb.SQLite(t), sqlinbox.Config{Dialect: sqlinbox.SQLite})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateSchema(context.Background()))
+	mw, err := inbox.NewMiddleware(inbox.Config{Store: store, Consumer: "billing", Service: "billing"})
+	require.NoError(t, err)
+	_, err = mw(func(msg *message.Message) ([]*message.Message, error) {
+		inbox.TxNotNeeded(msg.Context())
+		return nil, nil
+	})(eventMsg("e-1", "{}"))
+	require.NoError(t, err)
+
+	logs := watermill.NewCaptureLogger()
+	consumer, err := inbox.NewBatchConsumer(inbox.BatchConfig{Store: store, Consumer: "billing", Logger: logs}, func(ctx context.Context, _ []*message.Message) error {
+		inbox.TxNotNeeded(ctx)
+		return nil
+	})
+	require.NoError(t, err)
+	require.NoError(t, consumer.Process(context.Background(), []*message.Message{eventMsg("e-2", "{}"), eventMsg("e-3", "{}")}))
+	var warned int
+	for _, lines := range logs.Captured() {
+		for _, l := range lines {
+			if strings.Contains(l.Msg, `shares consumer "billing"`) {
+				warned++
+			}
+		}
+	}
+	require.Equal(t, 1, warned, "one warning per consumer")
+}
