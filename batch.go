@@ -292,6 +292,7 @@ func (c *BatchConsumer) Process(ctx context.Context, msgs []*message.Message) er
 	c.run(ctx, distinct)
 	c.waitOut(ctx, items)
 	var errs []error
+	var nacks []*message.Message
 	for _, it := range items {
 		if f := it.copyOf; f != nil {
 			// A second copy in one batch shares its first's fate; once
@@ -309,58 +310,63 @@ func (c *BatchConsumer) Process(ctx context.Context, msgs []*message.Message) er
 		}
 		if it.err != nil {
 			errs = append(errs, it.err)
-			it.msg.Nack()
+			nacks = append(nacks, it.msg)
 		} else {
 			it.msg.Ack()
 		}
 	}
+	if len(nacks) > 0 && ctx.Err() == nil {
+		// The broker would hand them back at once: a hot loop.
+		c.backoff(ctx)
+	}
+	for _, msg := range nacks {
+		msg.Nack()
+	}
 	return errors.Join(errs...)
 }
 
-// waitOut paces the failures of items as [NewBackoff] does: it runs the
-// events that failed transiently again after a backoff, until none does or
-// ctx ends, and waits before the messages that failed for good are nacked,
-// for the broker not to hand them back at once.
+// waitOut paces the failures of items as [NewBackoff] does, logging them:
+// it runs the events that failed transiently again after a backoff, until
+// none does or ctx ends. [BatchConsumer.Process] then acks the others and
+// waits the next backoff before it nacks what failed.
 func (c *BatchConsumer) waitOut(ctx context.Context, items []*batchItem) {
-	for {
+	for retry := items; ; {
 		var transient []*batchItem
-		var nacked *batchItem
-		for _, it := range items {
-			switch {
-			case it.err == nil || it.copyOf != nil:
-			case IsTransient(it.err):
+		for _, it := range retry {
+			if it.err != nil && it.copyOf == nil && IsTransient(it.err) {
 				transient = append(transient, it)
-			case nacked == nil:
-				nacked = it
 			}
 		}
 		if len(transient) == 0 {
 			c.transient.over()
-		} else {
-			c.transient.failed(transient[0].err)
+			break
 		}
-		if nacked == nil {
-			c.nacked.over()
-		} else {
-			c.nacked.failed(fmt.Errorf("event %s, message %s: %w", errtext.Quote(nacked.id), nacked.msg.UUID, nacked.err))
-		}
-		if len(transient) == 0 && nacked == nil {
-			c.mu.Lock()
-			c.wait = 0
-			c.mu.Unlock()
-			return
-		}
+		c.transient.failed(transient[0].err)
 		if !c.backoff(ctx) {
-			return
-		}
-		if len(transient) == 0 {
-			return
+			break
 		}
 		for _, it := range transient {
 			it.err, it.ob.Outcome = nil, ""
 		}
 		c.run(ctx, transient)
-		items = transient
+		retry = transient
+	}
+	failed, logged := false, false
+	for _, it := range items {
+		if it.err == nil || it.copyOf != nil {
+			continue
+		}
+		if !logged && !IsTransient(it.err) {
+			c.nacked.failed(fmt.Errorf("event %s, message %s: %w", errtext.Quote(it.id), it.msg.UUID, it.err))
+			logged = true
+		}
+		failed = true
+	}
+	if !failed {
+		c.nacked.over()
+		c.mu.Lock()
+		c.wait = 0
+		c.mu.Unlock()
 	}
 }
 
