@@ -127,6 +127,7 @@ func jitter(d time.Duration) time.Duration {
 type outageLog struct {
 	logger   watermill.LoggerAdapter
 	interval time.Duration
+	what     string // what fails; "" for transient failures
 
 	failing  atomic.Bool // read without the lock by every attempt that gets through
 	mu       sync.Mutex
@@ -150,7 +151,11 @@ func (o *outageLog) failed(err error) {
 	if !o.last.IsZero() && now.Sub(o.last) < o.interval {
 		return
 	}
-	o.logger.Error(fmt.Sprintf("Inbox: transient failures, waited out with backoff, every message kept; at most one line per %s", o.interval), err, watermill.LogFields{
+	what := o.what
+	if what == "" {
+		what = "transient failures, waited out with backoff, every message kept"
+	}
+	o.logger.Error(fmt.Sprintf("Inbox: %s; at most one line per %s", what, o.interval), err, watermill.LogFields{
 		"failed_attempts": o.unlogged, "since": o.since.Format(time.RFC3339),
 	})
 	o.last, o.unlogged, o.logged = now, 0, true
@@ -168,7 +173,11 @@ func (o *outageLog) over() {
 	}
 	o.failing.Store(false)
 	if o.logged {
-		o.logger.Info("Inbox: transient failures over", watermill.LogFields{
+		line := "Inbox: transient failures over"
+		if o.what != "" {
+			line = "Inbox: over: " + o.what
+		}
+		o.logger.Info(line, watermill.LogFields{
 			"lasted": time.Since(o.since).Round(time.Millisecond).String(), "failed_attempts": o.total,
 		})
 	}

@@ -5,13 +5,16 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
+	"github.com/watermill-inbox/inbox/internal/errtext"
 	"github.com/watermill-inbox/inbox/internal/session"
 	"github.com/watermill-inbox/inbox/observe"
 )
@@ -58,8 +61,10 @@ type BatchConfig struct {
 	// Subscriptions is how many subscriptions [BatchConsumer.Run] merges,
 	// as [Subscriptions] does: a batch holds at most one message per
 	// subscription on Watermill's AMQP, NATS and Redis Streams
-	// subscribers. Not for gochannel, whose subscriptions each get every
-	// message. Defaults to 1.
+	// subscribers, so fewer than MaxSize would have every batch wait
+	// MaxWait for messages they cannot deliver. Defaults to MaxSize; to 1
+	// on gochannel, whose subscriptions each get every message, and on a
+	// subscriber from [Subscriptions] and on a [ManyUnacked] one.
 	Subscriptions int
 
 	// PoisonPublisher takes a message that fails on its own (its event id
@@ -75,8 +80,14 @@ type BatchConfig struct {
 	// to nil.
 	Observer observe.Observer
 
+	// Backoff paces failures as [NewBackoff] does: a transient failure
+	// is retried in place after a wait, a message nacked for good only
+	// after one (brokers redeliver a nack at once), and each kind of
+	// failure logged at most once per LogInterval.
+	Backoff BackoffConfig
+
 	// Logger receives a line per poisoned message and failed after-commit
-	// hook. Defaults to [watermill.NopLogger].
+	// hook, and Backoff's lines. Defaults to [watermill.NopLogger].
 	Logger watermill.LoggerAdapter
 }
 
@@ -91,6 +102,11 @@ type BatchConsumer struct {
 	e       *engine
 	claimer inboxdriver.BatchClaimer
 	handler BatchHandlerFunc
+
+	transient outageLog // transient failures, retried in place
+	nacked    outageLog // messages failing on their own, without PoisonPublisher
+	mu        sync.Mutex
+	wait      time.Duration // the last backoff of the current run of failures
 }
 
 // NewBatchConsumer returns a [BatchConsumer] running handler.
@@ -101,11 +117,9 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 	if config.MaxWait == 0 {
 		config.MaxWait = DefaultMaxBatchWait
 	}
-	if config.Subscriptions == 0 {
-		config.Subscriptions = 1
-	}
 	mc := Config{Store: config.Store, Consumer: config.Consumer, EventID: config.EventID, TxOptions: config.TxOptions, Observer: config.Observer, Logger: config.Logger}
 	mc.setDefaults()
+	config.Backoff.setDefaults()
 	claimer, ok := config.Store.(inboxdriver.BatchClaimer)
 	var err error
 	switch {
@@ -120,31 +134,53 @@ func NewBatchConsumer(config BatchConfig, handler BatchHandlerFunc) (*BatchConsu
 	case (config.PoisonPublisher == nil) != (config.PoisonTopic == ""):
 		err = errors.New("PoisonPublisher and PoisonTopic go together")
 	default:
-		err = mc.validate()
+		err = errors.Join(mc.validate(), config.Backoff.validate())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("inbox: invalid batch config: %w", err)
 	}
 	config.EventID, config.Logger = mc.EventID, mc.Logger
-	e := &engine{config: mc, store: config.Store, observers: flatten(config.Observer)}
-	if checker, ok := config.Store.(inboxdriver.EventIDChecker); ok {
-		e.checkID = checker.CheckEventID
-	}
-	return &BatchConsumer{config: config, e: e, claimer: claimer, handler: handler}, nil
+	return &BatchConsumer{
+		config: config, e: newEngine(mc), claimer: claimer, handler: handler,
+		transient: outageLog{logger: config.Logger, interval: config.Backoff.LogInterval},
+		nacked:    outageLog{logger: config.Logger, interval: config.Backoff.LogInterval, what: "messages of a batch failed on their own and are nacked after a backoff (set PoisonPublisher to set them aside)"},
+	}, nil
+}
+
+// ManyUnacked is a subscriber whose one subscription keeps many messages
+// unacked at once (sources/amqpsource, sources/natssource), so that one
+// subscription fills a batch: [BatchConfig.Subscriptions] then defaults to
+// 1, where a hundred subscriptions would hold a hundred times as many.
+type ManyUnacked interface {
+	message.Subscriber
+	// ManyUnacked is how many messages one subscription keeps unacked at
+	// most.
+	ManyUnacked() int
 }
 
 // Run subscribes to topic and processes its messages in batches of up to
 // [BatchConfig.MaxSize], collected for at most [BatchConfig.MaxWait] after
 // each batch's first message, until ctx ends (it returns ctx's error) or the
-// subscription closes (nil). A batch can only hold messages the subscriber
-// delivers before the previous ones are acked; see docs/batch.md.
+// subscription closes (nil). A batch ends sooner when its subscriptions
+// cannot deliver more: while none has ever delivered a message before the
+// previous one was acked, a batch holding one message of every subscription
+// that delivers takes only what is ready at once. See docs/batch.md.
 func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic string) error {
-	msgs, err := subscribeN(ctx, sub, topic, c.config.Subscriptions)
+	n := c.config.Subscriptions
+	if n == 0 {
+		n = c.config.MaxSize
+		switch sub.(type) {
+		case *gochannel.GoChannel, subscriptions, ManyUnacked:
+			n = 1
+		}
+	}
+	msgs, err := subscribeTagged(ctx, sub, topic, n)
 	if err != nil {
 		return err
 	}
+	src := &source{msgs: msgs, active: make([]bool, n)}
 	for {
-		batch, more := c.collect(ctx, msgs)
+		batch, more := c.collect(ctx, src)
 		if len(batch) > 0 && ctx.Err() == nil {
 			_ = c.Process(ctx, batch)
 		} else {
@@ -158,30 +194,71 @@ func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic s
 	}
 }
 
+// source is what [BatchConsumer.Run] learnt of its subscriptions.
+type source struct {
+	msgs    <-chan delivery
+	active  []bool // the subscriptions that delivered a message in the last MaxWait
+	actives int
+	streams bool // a subscription delivered a message before the previous one's ack
+}
+
 // collect reads one batch; more is false once ctx ended or msgs closed.
-func (c *BatchConsumer) collect(ctx context.Context, msgs <-chan *message.Message) (batch []*message.Message, more bool) {
+func (c *BatchConsumer) collect(ctx context.Context, src *source) (batch []*message.Message, more bool) {
+	holding := make([]bool, len(src.active))
+	held := 0
+	add := func(d delivery) {
+		batch = append(batch, d.msg)
+		if holding[d.from] {
+			src.streams = true
+			return
+		}
+		holding[d.from], held = true, held+1
+		if !src.active[d.from] {
+			src.active[d.from], src.actives = true, src.actives+1
+		}
+	}
 	select {
 	case <-ctx.Done():
 		return nil, false
-	case msg, ok := <-msgs:
+	case d, ok := <-src.msgs:
 		if !ok {
 			return nil, false
 		}
-		batch = append(batch, msg)
+		add(d)
 	}
 	timer := time.NewTimer(c.config.MaxWait)
 	defer timer.Stop()
 	for len(batch) < c.config.MaxSize {
+		if !src.streams && held == src.actives {
+			// Nothing more can come but what is ready now.
+			select {
+			case d, ok := <-src.msgs:
+				if !ok {
+					return batch, false
+				}
+				add(d)
+				continue
+			default:
+				return batch, true
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return batch, false
 		case <-timer.C:
+			// Those that delivered nothing in MaxWait are no longer
+			// waited for, until they deliver again.
+			for i, a := range src.active {
+				if a && !holding[i] {
+					src.active[i], src.actives = false, src.actives-1
+				}
+			}
 			return batch, true
-		case msg, ok := <-msgs:
+		case d, ok := <-src.msgs:
 			if !ok {
 				return batch, false
 			}
-			batch = append(batch, msg)
+			add(d)
 		}
 	}
 	return batch, true
@@ -213,10 +290,20 @@ func (c *BatchConsumer) Process(ctx context.Context, msgs []*message.Message) er
 			continue
 		}
 		first[id] = it
+		// The guards before the claim, per event, as for one message:
+		// the lease warns of another service on this consumer.
+		if err := c.e.beforeClaim(&visit{msg: msg, consumer: c.config.Consumer, eventID: id, ob: &it.ob}); err != nil {
+			if err != errAck {
+				c.failed(ctx, it, err, true)
+			}
+			continue
+		}
 		distinct = append(distinct, it)
 	}
 	c.run(ctx, distinct)
+	c.waitOut(ctx, items)
 	var errs []error
+	var nacks []*message.Message
 	for _, it := range items {
 		if f := it.copyOf; f != nil {
 			// A second copy in one batch shares its first's fate; once
@@ -234,12 +321,84 @@ func (c *BatchConsumer) Process(ctx context.Context, msgs []*message.Message) er
 		}
 		if it.err != nil {
 			errs = append(errs, it.err)
-			it.msg.Nack()
+			nacks = append(nacks, it.msg)
 		} else {
 			it.msg.Ack()
 		}
 	}
+	if len(nacks) > 0 && ctx.Err() == nil {
+		// The broker would hand them back at once: a hot loop.
+		c.backoff(ctx)
+	}
+	for _, msg := range nacks {
+		msg.Nack()
+	}
 	return errors.Join(errs...)
+}
+
+// waitOut paces the failures of items as [NewBackoff] does, logging them:
+// it runs the events that failed transiently again after a backoff, until
+// none does or ctx ends. [BatchConsumer.Process] then acks the others and
+// waits the next backoff before it nacks what failed.
+func (c *BatchConsumer) waitOut(ctx context.Context, items []*batchItem) {
+	for retry := items; ; {
+		var transient []*batchItem
+		for _, it := range retry {
+			if it.err != nil && it.copyOf == nil && IsTransient(it.err) {
+				transient = append(transient, it)
+			}
+		}
+		if len(transient) == 0 {
+			c.transient.over()
+			break
+		}
+		c.transient.failed(transient[0].err)
+		if !c.backoff(ctx) {
+			break
+		}
+		for _, it := range transient {
+			it.err, it.ob.Outcome = nil, ""
+		}
+		c.run(ctx, transient)
+		retry = transient
+	}
+	failed, logged := false, false
+	for _, it := range items {
+		if it.err == nil || it.copyOf != nil {
+			continue
+		}
+		if !logged && !IsTransient(it.err) {
+			c.nacked.failed(fmt.Errorf("event %s, message %s: %w", errtext.Quote(it.id), it.msg.UUID, it.err))
+			logged = true
+		}
+		failed = true
+	}
+	if !failed {
+		c.nacked.over()
+		c.mu.Lock()
+		c.wait = 0
+		c.mu.Unlock()
+	}
+}
+
+// backoff waits the next backoff of the consumer's run of failures; false
+// when ctx ended first. A batch that fails nothing ends the run.
+func (c *BatchConsumer) backoff(ctx context.Context) bool {
+	c.mu.Lock()
+	wait := c.config.Backoff.InitialInterval
+	if c.wait > 0 {
+		wait = min(2*c.wait, c.config.Backoff.MaxInterval)
+	}
+	c.wait = wait
+	c.mu.Unlock()
+	timer := time.NewTimer(jitter(wait))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
 }
 
 // batchItem is one message of a batch and what became of it.
@@ -285,6 +444,12 @@ func (c *BatchConsumer) run(ctx context.Context, items []*batchItem) {
 	tx, claimed, err := c.claimer.ClaimBatch(ctx, inboxdriver.BatchClaim{TxOptions: c.config.TxOptions, Consumer: c.config.Consumer, EventIDs: ids})
 	for _, it := range items {
 		it.ob.ClaimStart, it.ob.ClaimDuration = start, time.Since(start)
+	}
+	if err != nil && len(items) > 1 && errors.Is(err, inboxdriver.ErrBatchTooLarge) {
+		half := len(items) / 2
+		c.run(ctx, items[:half])
+		c.run(ctx, items[half:])
+		return
 	}
 	if err != nil {
 		outcome := observe.ClaimFailed
@@ -346,7 +511,7 @@ func (c *BatchConsumer) failed(ctx context.Context, it *batchItem, err error, al
 		return
 	}
 	c.config.Logger.Error("Inbox: message of a batch poisoned", err, watermill.LogFields{"consumer": c.config.Consumer, "event_id": it.id, "message_uuid": it.msg.UUID})
-	it.err = nil
+	it.err, it.ob.Outcome = nil, observe.Poisoned
 }
 
 // handle runs the handler on fresh in tx and commits; on error tx is

@@ -42,7 +42,33 @@ func subscribeN(ctx context.Context, sub message.Subscriber, topic string, n int
 		}
 		return msgs, nil
 	}
+	tagged, err := subscribeTagged(ctx, sub, topic, n)
+	if err != nil {
+		return nil, err
+	}
 	merged := make(chan *message.Message)
+	go func() {
+		defer close(merged)
+		for d := range tagged {
+			select {
+			case merged <- d.msg:
+			case <-ctx.Done():
+				d.msg.Nack()
+			}
+		}
+	}()
+	return merged, nil
+}
+
+// delivery is a message and the index of the subscription it came from.
+type delivery struct {
+	msg  *message.Message
+	from int
+}
+
+// subscribeTagged is subscribeN telling each message's subscription.
+func subscribeTagged(ctx context.Context, sub message.Subscriber, topic string, n int) (<-chan delivery, error) {
+	merged := make(chan delivery)
 	var wg sync.WaitGroup
 	for i := range n {
 		msgs, err := sub.Subscribe(ctx, topic)
@@ -52,7 +78,7 @@ func subscribeN(ctx context.Context, sub message.Subscriber, topic string, n int
 		wg.Go(func() {
 			for msg := range msgs {
 				select {
-				case merged <- msg:
+				case merged <- delivery{msg, i}:
 				case <-ctx.Done():
 					msg.Nack()
 				}

@@ -48,3 +48,7 @@ type Tx interface {
 // transaction, or won a race against this one that the database reported
 // as a conflict: retry later.
 var ErrInFlight = errors.New("inbox: another delivery of this event is still being processed; retry later")
+
+// ErrBatchTooLarge means the database refused a batch claim for its size
+// (a lock table, memory or packet limit): claim it in smaller parts.
+var ErrBatchTooLarge = errors.New("inbox: the database cannot claim a batch this large in one transaction")

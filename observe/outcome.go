@@ -30,6 +30,9 @@ const (
 	// RolledBack: the handler returned an error, panicked, or the
 	// in-transaction publish failed; its writes and the claim rolled back.
 	RolledBack Outcome = "rolled_back"
+	// Poisoned: the message failed on its own and went to the poison
+	// topic; its writes and claim rolled back, and it is acked.
+	Poisoned Outcome = "poisoned"
 	// CommitFailed: COMMIT returned an error; the redelivery finds out
 	// whether it happened.
 	CommitFailed Outcome = "commit_failed"

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/watermill-inbox/inbox/inboxdriver"
 )
@@ -71,6 +72,12 @@ func (s *Store) ClaimBatch(ctx context.Context, b inboxdriver.BatchClaim) (inbox
 	}
 	_ = tx.Rollback(context.WithoutCancel(ctx))
 	ticket.Leave()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "53200" && len(sorted) > 1 {
+		// Out of shared memory: the lock table, a lock per event on a
+		// partitioned table.
+		err = fmt.Errorf("%w: %d events: %w", inboxdriver.ErrBatchTooLarge, len(sorted), err)
+	}
 	if err != nil {
 		return nil, nil, err
 	}

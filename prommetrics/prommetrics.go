@@ -91,7 +91,7 @@ func New(reg prometheus.Registerer, namespace string) (*Metrics, error) {
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace,
 			Name:      "messages_total",
-			Help:      "Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, miswired, rolled_back, commit_failed, id_reused, stale).",
+			Help:      "Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, miswired, rolled_back, poisoned, commit_failed, id_reused, stale).",
 		}, []string{"consumer", "outcome"}),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace,

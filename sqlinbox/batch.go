@@ -77,6 +77,9 @@ func (s *Store) ClaimBatch(ctx context.Context, b inboxdriver.BatchClaim) (inbox
 		return nil, nil, fmt.Errorf("sqlinbox: waiting for a connection the other claims leave free: %w", err)
 	}
 	tx, fresh, err := s.beginBatch(ctx, b, sorted)
+	if err != nil && len(sorted) > 1 && tooLarge(err) {
+		err = fmt.Errorf("%w: %d events: %w", inboxdriver.ErrBatchTooLarge, len(sorted), err)
+	}
 	if err != nil || len(fresh) == 0 {
 		if tx != nil {
 			_ = tx.Rollback()
@@ -92,6 +95,17 @@ func (s *Store) ClaimBatch(ctx context.Context, b inboxdriver.BatchClaim) (inbox
 	t := &claimTx{tx: tx, ticket: ticket}
 	s.watchPoolOfOne(t)
 	return t, claimed, nil
+}
+
+// tooLarge tells a limit the database reports for a batch's size:
+// PostgreSQL's lock table or memory full (53200, out of shared memory: a
+// lock per event on a partitioned table), MySQL's max_allowed_packet or
+// lock table.
+func tooLarge(err error) bool {
+	if n, ok := mysqlErrorNumber(err); ok {
+		return n == mysqlPacketTooLarge || n == mysqlLockTableFull
+	}
+	return pgCode(err) == "53200"
 }
 
 // batchSQL is the multi-row claim for a store on another driver, nil
@@ -138,7 +152,7 @@ func (s *Store) batchIDs(b inboxdriver.BatchClaim) (canon, sorted []string, err 
 // beginBatch opens the batch's transaction and claims sorted in it; fresh
 // holds the new ids. tx is nil when BEGIN failed.
 func (s *Store) beginBatch(ctx context.Context, b inboxdriver.BatchClaim, sorted []string) (tx *sql.Tx, fresh map[string]bool, err error) {
-	if tx, err = s.db.BeginTx(ctx, b.TxOptions); err != nil {
+	if tx, err = s.beginSerialized(ctx, b); err != nil {
 		return nil, nil, s.dialect.classify(err)
 	}
 	fresh = make(map[string]bool, len(sorted))
@@ -234,7 +248,7 @@ func readCount(n int64, ids []string, fresh map[string]bool) (mixed bool, err er
 // claimEach claims sorted one by one in a new transaction, as [Store.Claim]
 // does: the batch's fallback where a multi-row count is ambiguous.
 func (s *Store) claimEach(ctx context.Context, b inboxdriver.BatchClaim, sorted []string) (*sql.Tx, map[string]bool, error) {
-	tx, err := s.db.BeginTx(ctx, b.TxOptions)
+	tx, err := s.beginSerialized(ctx, b)
 	if err != nil {
 		return nil, nil, s.dialect.classify(err)
 	}
@@ -254,11 +268,28 @@ func (s *Store) claimEach(ctx context.Context, b inboxdriver.BatchClaim, sorted 
 	return tx, fresh, err
 }
 
+// beginSerialized begins a batch's transaction. Under a dialect's lock on
+// the consumer's batch claims it does not end with ctx: database/sql would
+// roll it back and pool its connection, lock and all, before the release
+// could run. Each statement still ends with ctx (the driver then closes its
+// connection, and the server drops the lock), and the caller always ends
+// the transaction.
+func (s *Store) beginSerialized(ctx context.Context, b inboxdriver.BatchClaim) (*sql.Tx, error) {
+	if s.q.batch.serialize != "" {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		ctx = context.WithoutCancel(ctx)
+	}
+	return s.db.BeginTx(ctx, b.TxOptions)
+}
+
 // serialized runs claims, the claim statements of a batch, under the
 // dialect's lock on the consumer's batch claims, if it has one. A batch
 // then waits for rows only of transactions past their claims, which wait
 // for no claim: no cycle. The lock lives in the session, so it is given
-// back before the transaction ends, and with the connection if that dies.
+// back before the transaction ends (beginSerialized), and with the
+// connection if that dies.
 func (s *Store) serialized(ctx context.Context, tx *sql.Tx, consumer string, claims func() error) error {
 	bq := &s.q.batch
 	if bq.serialize == "" {

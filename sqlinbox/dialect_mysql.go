@@ -186,6 +186,8 @@ const (
 	mysqlLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
 	mysqlDeadlock        = 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back (Galera: certification failed)
 	mysqlNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
+	mysqlPacketTooLarge  = 1153 // ER_NET_PACKET_TOO_LARGE: max_allowed_packet
+	mysqlLockTableFull   = 1206 // ER_LOCK_TABLE_FULL: the buffer pool's locks
 )
 
 // mariadbMaxLockWait is the longest innodb_lock_wait_timeout MariaDB takes

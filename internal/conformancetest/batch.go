@@ -212,7 +212,7 @@ func testBatchPoisonMessage(t *testing.T, target Target) {
 		t.Fatal("nothing on the poison topic")
 	}
 	o, _ := outcomes.Load("p-bad")
-	require.Equal(t, observe.RolledBack, o)
+	require.Equal(t, observe.Poisoned, o)
 	o, _ = outcomes.Load("p-0")
 	require.Equal(t, observe.Processed, o)
 
@@ -223,14 +223,21 @@ func testBatchPoisonMessage(t *testing.T, target Target) {
 	require.ErrorIs(t, err, errBad)
 	require.Equal(t, []bool{true, false, true}, acked(t, msgs))
 
-	// A transient failure nacks the batch, whole.
-	c, calls := b.batchConsumer(t, inbox.BatchConfig{Consumer: "transient", PoisonPublisher: poison, PoisonTopic: "poison"}, func([]*message.Message) error {
+	// A transient failure is retried in place, whole, until the context
+	// ends; then the batch is nacked, whole.
+	backoff := inbox.BackoffConfig{InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond}
+	c, calls := b.batchConsumer(t, inbox.BatchConfig{Consumer: "transient", PoisonPublisher: poison, PoisonTopic: "poison", Backoff: backoff}, func([]*message.Message) error {
 		return fmt.Errorf("down: %w", inbox.ErrInFlight)
 	})
 	msgs = batchMsgs("t-1", "t-2", "t-3")
-	require.ErrorIs(t, c.Process(context.Background(), msgs), inbox.ErrInFlight)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	require.Error(t, c.Process(ctx, msgs))
 	require.Equal(t, []bool{false, false, false}, acked(t, msgs))
-	require.Len(t, calls.all(), 1, "a transient failure is not split")
+	require.Greater(t, len(calls.all()), 1, "retried in place")
+	for _, call := range calls.all() {
+		require.Len(t, call, 3, "a transient failure is not split")
+	}
 }
 
 // A batch redelivered after its commit (the process died before its acks,

@@ -72,6 +72,10 @@ type Subscriber struct {
 	wg      sync.WaitGroup
 }
 
+// ManyUnacked is [Config.Prefetch]: it tells [inbox.BatchConsumer.Run] that
+// one subscription fills a batch.
+func (s *Subscriber) ManyUnacked() int { return s.config.Prefetch }
+
 // NewSubscriber connects to RabbitMQ.
 func NewSubscriber(config Config) (*Subscriber, error) {
 	if config.Prefetch == 0 {
@@ -213,3 +217,5 @@ func (sub *subscription) settle(err error) {
 		sub.s.config.Logger.Error("amqpsource: settling a delivery", err, sub.fields)
 	}
 }
+
+var _ inbox.ManyUnacked = (*Subscriber)(nil)

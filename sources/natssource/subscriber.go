@@ -83,6 +83,10 @@ type Subscriber struct {
 	wg      sync.WaitGroup
 }
 
+// ManyUnacked is [Config.MaxAckPending]: it tells
+// [inbox.BatchConsumer.Run] that one subscription fills a batch.
+func (s *Subscriber) ManyUnacked() int { return s.config.MaxAckPending }
+
 // NewSubscriber connects to NATS.
 func NewSubscriber(config Config) (*Subscriber, error) {
 	if config.MaxAckPending == 0 {
@@ -220,3 +224,5 @@ func (sub *subscription) settle(err error) {
 		sub.s.config.Logger.Error("natssource: settling a message", err, sub.fields)
 	}
 }
+
+var _ inbox.ManyUnacked = (*Subscriber)(nil)

@@ -24,6 +24,7 @@ type Postgres struct {
 	bin   string
 	port  int
 	proc  *process
+	extra []string // settings of StartPostgres
 }
 
 // PostgresBin returns the directory of the newest installed PostgreSQL's
@@ -48,12 +49,16 @@ func pgVersion(binDir string) int {
 }
 
 // StartPostgres initialises a database cluster in a temporary directory and
-// starts its server on a free loopback port with trust authentication. It is
-// killed and removed when the test ends.
-func StartPostgres(t testing.TB) *Postgres {
+// starts its server on a free loopback port with trust authentication and
+// settings ("name=value") on top of the suite's. It is killed and removed
+// when the test ends.
+func StartPostgres(t testing.TB, settings ...string) *Postgres {
 	t.Helper()
 	o := ownerFor(t, "postgres")
 	p := &Postgres{owner: o, bin: PostgresBin(t)}
+	for _, s := range settings {
+		p.extra = append(p.extra, "-c", s)
+	}
 	p.dir = newDir(t, "postgres", o)
 	p.data = filepath.Join(p.dir, "data")
 	t.Cleanup(p.stop)
@@ -90,9 +95,10 @@ func (p *Postgres) Start(t testing.TB) {
 }
 
 func (p *Postgres) start() error {
-	proc, err := start(p.dir, p.owner, "postgres", filepath.Join(p.bin, "postgres"), "-D", p.data,
+	args := append([]string{"-D", p.data,
 		"-c", "listen_addresses=127.0.0.1", "-p", fmt.Sprint(p.port), "-k", p.dir,
-		"-c", "shared_buffers=32MB", "-c", "max_connections=200")
+		"-c", "shared_buffers=32MB", "-c", "max_connections=200"}, p.extra...)
+	proc, err := start(p.dir, p.owner, "postgres", filepath.Join(p.bin, "postgres"), args...)
 	if err != nil {
 		return err
 	}
