@@ -75,7 +75,7 @@ func TestMessagesByConsumerAndOutcome(t *testing.T) {
 	require.ErrorIs(t, err, inbox.ErrMissingEventID)
 
 	require.NoError(t, testutil.GatherAndCompare(f.reg, strings.NewReader(`
-# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, miswired, rolled_back, commit_failed, id_reused, stale).
+# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, miswired, rolled_back, poisoned, commit_failed, id_reused, stale).
 # TYPE watermill_inbox_messages_total counter
 watermill_inbox_messages_total{consumer="analytics",outcome="processed"} 1
 watermill_inbox_messages_total{consumer="billing",outcome="duplicate"} 2
@@ -159,7 +159,7 @@ func TestClaimAndCommitFailures(t *testing.T) {
 	require.Error(t, err)
 
 	require.NoError(t, testutil.GatherAndCompare(f.reg, strings.NewReader(`
-# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, miswired, rolled_back, commit_failed, id_reused, stale).
+# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, miswired, rolled_back, poisoned, commit_failed, id_reused, stale).
 # TYPE watermill_inbox_messages_total counter
 watermill_inbox_messages_total{consumer="c",outcome="claim_failed"} 1
 watermill_inbox_messages_total{consumer="c",outcome="commit_failed"} 1
@@ -184,7 +184,7 @@ func TestAfterCommitFailures(t *testing.T) {
 # HELP watermill_inbox_after_commit_failures_total Processed messages whose inbox.AfterCommit hooks failed or panicked after the commit, by consumer: those hooks' effects are lost.
 # TYPE watermill_inbox_after_commit_failures_total counter
 watermill_inbox_after_commit_failures_total{consumer="c"} 1
-# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, miswired, rolled_back, commit_failed, id_reused, stale).
+# HELP watermill_inbox_messages_total Messages that passed through the inbox middleware, by consumer and outcome (processed, duplicate, missing_id, invalid_id, in_flight, claim_failed, miswired, rolled_back, poisoned, commit_failed, id_reused, stale).
 # TYPE watermill_inbox_messages_total counter
 watermill_inbox_messages_total{consumer="c",outcome="processed"} 2
 `), "watermill_inbox_after_commit_failures_total", "watermill_inbox_messages_total"))
