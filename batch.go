@@ -166,11 +166,16 @@ type ManyUnacked interface {
 // previous one was acked, a batch holding one message of every subscription
 // that delivers takes only what is ready at once. See docs/batch.md.
 func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic string) error {
-	n := c.config.Subscriptions
+	// gochannel and a ManyUnacked subscriber deliver before the previous
+	// ack from the start: a batch waits for them to fill it.
+	n, streams := c.config.Subscriptions, false
+	switch sub.(type) {
+	case *gochannel.GoChannel, ManyUnacked:
+		streams = true
+	}
 	if n == 0 {
 		n = c.config.MaxSize
-		switch sub.(type) {
-		case *gochannel.GoChannel, subscriptions, ManyUnacked:
+		if _, ok := sub.(subscriptions); ok || streams {
 			n = 1
 		}
 	}
@@ -178,7 +183,7 @@ func (c *BatchConsumer) Run(ctx context.Context, sub message.Subscriber, topic s
 	if err != nil {
 		return err
 	}
-	src := &source{msgs: msgs, active: make([]bool, n)}
+	src := &source{msgs: msgs, active: make([]bool, n), streams: streams}
 	for {
 		batch, more := c.collect(ctx, src)
 		if len(batch) > 0 && ctx.Err() == nil {
